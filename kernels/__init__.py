@@ -1,0 +1,1 @@
+"""trnopt.kernels: NKI overlap kernels, their plans, and a multi-rank simulator."""

@@ -1,0 +1,1 @@
+"""Workload presets shipped with trnopt, one TOML file per model."""

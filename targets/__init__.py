@@ -1,0 +1,1 @@
+"""Target descriptions shipped with trnopt, one TOML file per machine."""
