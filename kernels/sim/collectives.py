@@ -1,0 +1,354 @@
+"""The simulator's ``nki.collectives`` (ncc), run across the rank threads of ``run_ranks``.
+
+Semantics from the "nki.collectives" API pages (NKI 0.6/0.7):
+- ``ReplicaGroup``: a list of rank-lists; the collective runs independently inside each
+  rank-list, which must not overlap. The order of a rank-list is the ring order.
+- ``all_gather``/``reduce_scatter``/``all_to_all`` concatenate or split along
+  ``collective_dim`` in rank-list order; ``op`` is nl.add, nl.minimum or nl.maximum,
+  reduced in FP32. srcs/dsts are lists (coalesced); all on HBM or all on SBUF.
+- ``collective_permute_implicit``: on each channel every rank sends its src to its
+  successor in the ring and receives its predecessor's into dst;
+  ``..._reduce`` sends ``op(srcs0, srcs1)`` instead; up to 4 channels.
+- ``collective_permute_implicit_current_processing_rank_id(i, g, c)``: the rank whose data
+  is in hand after ``i`` ring steps (``i = 0``: this rank).
+Simulator convention (the pages leave it open; DESIGN section 7 runs channels in both
+directions of a torus ring): even channel ids send to the next rank of the rank-list,
+odd channel ids to the previous one; current_processing_rank_id follows the same rule.
+
+Timing, on engine ``CC<channel>`` with the channel's LinkModel (bandwidth B, hop latency
+a), for a group of n ranks and S bytes of this rank's src: all_gather (n-1)(S/B + a);
+reduce_scatter and all_to_all (n-1)(S/n/B + a); all_reduce 2(n-1)(S/n/B + a); one
+permute step S/B + a. Group collectives start when every member's data is ready; a
+permute step starts when this rank and its predecessor are ready.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from . import checks
+from . import language as nl
+from .errors import ConstraintError, SimulatorError
+from .language import NKIObject
+from .rendezvous import Deposit
+from .state import current
+from .tensor import MemoryRegion, NkiTensor
+
+
+class ReplicaGroup(NKIObject):
+    """The set of ranks a collective runs on, as a list of disjoint rank-lists,
+    e.g. ``ReplicaGroup([[0, 1, 2, 3], [4, 5, 6, 7]])``. A flat list is one rank-list."""
+
+    def __init__(self, replica_groups: Any) -> None:
+        groups = list(replica_groups)
+        if groups and not isinstance(groups[0], (list, tuple)):
+            groups = [groups]
+        self.groups: tuple[tuple[int, ...], ...] = tuple(tuple(int(r) for r in g) for g in groups)
+        seen: set[int] = set()
+        for g in self.groups:
+            if not g:
+                raise ConstraintError(f"ReplicaGroup {self.groups}: empty rank-list")
+            dup = seen.intersection(g) | {r for r in g if g.count(r) > 1}
+            if dup:
+                raise ConstraintError(f"ReplicaGroup {[list(x) for x in self.groups]}: rank(s) {sorted(dup)} "
+                                      f"appear in more than one place; rank-lists must be disjoint")
+            seen.update(g)
+
+    def __repr__(self) -> str:
+        return f"ReplicaGroup({[list(g) for g in self.groups]})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReplicaGroup) and other.groups == self.groups
+
+    def __hash__(self) -> int:
+        return hash(self.groups)
+
+
+def _ctx(op: str) -> Any:
+    ctx = current()
+    if ctx is None:
+        raise SimulatorError(f"ncc.{op} called outside a simulated kernel (use nki.simulate or run_ranks)")
+    return ctx
+
+
+def _my_list(ctx: Any, group: Any, w: str) -> tuple[int, ...]:
+    if not isinstance(group, ReplicaGroup):
+        raise ConstraintError(f"{w}: replica_group must be an ncc.ReplicaGroup, got {type(group).__name__}")
+    for g in group.groups:
+        bad = [r for r in g if not 0 <= r < ctx.world]
+        if bad:
+            raise ConstraintError(f"{w}: {group} names rank(s) {bad} outside the {ctx.world} ranks of the run")
+    for g in group.groups:
+        if ctx.rank in g:
+            return g
+    raise ConstraintError(f"{w}: rank {ctx.rank} is in no rank-list of {group}")
+
+
+def _tensors(xs: Any, w: str, role: str) -> list[NkiTensor]:
+    xs = [xs] if isinstance(xs, NkiTensor) else list(xs)
+    if not xs:
+        raise ConstraintError(f"{w}: {role} is empty")
+    return [checks.tensor_arg(x, w, role) for x in xs]
+
+
+def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w: str,
+               hbm_only: bool = False) -> None:
+    kinds = {t.buffer.is_hbm for t in tensors}
+    if any(t.buffer is MemoryRegion.psum for t in tensors):
+        raise ConstraintError(f"{w}: collective tensors must be on HBM or SBUF, not PSUM")
+    if len(kinds) > 1:
+        raise ConstraintError(f"{w}: collective tensors mix HBM and SBUF; all must be on HBM or all on SBUF")
+    if hbm_only and kinds != {True}:
+        raise ConstraintError(f"{w}: {op} tensors must reside on HBM")
+    label = f"{op}(name={name!r})" if name else op
+    for t in tensors:
+        if t.alloc.kind == "input" or t.alloc.id in ctx.inputs:
+            raise ConstraintError(f"{w}: collective uses the kernel's own input tensor {t.alloc.label()}; "
+                                  f"copy it into an internal buffer first")
+        if t.buffer.on_chip:
+            checks.partition_dim(t.shape[0], w, f"collective tensor shape {t.shape}")
+        t.alloc.collective_touched = t.alloc.collective_touched or f"{label} on rank {ctx.rank}"
+
+
+def _sig(ts: list[NkiTensor]) -> tuple:
+    return tuple((t.shape, t.dtype.name) for t in ts)
+
+
+def _data(ctx: Any, ts: list[NkiTensor], op: str, name: str | None) -> list[np.ndarray] | None:
+    if not ctx.numerics:
+        return None
+    return [np.array(ctx.read(t, op, name, "collective src")) for t in ts]
+
+
+def _finish(ctx: Any, op: str, name: str | None, engine: str, start: float, end: float,
+            reads: list[NkiTensor], writes: list[NkiTensor], read_end: float | None = None) -> None:
+    ctx.timeline.occupy(engine, start, end, op, name)
+    ctx.timeline.record(reads, writes, end if read_end is None else read_end, end)
+
+
+def _group_collective(op: str, name: str | None, srcs: Any, dsts: Any, replica_group: Any,
+                      params: tuple, duration: Any, compute: Any, hbm_only: bool = False) -> None:
+    """Shared path of all_reduce / all_gather / reduce_scatter / all_to_all."""
+    ctx = _ctx(op)
+    w = ctx.where(op, name)
+    srcs, dsts = _tensors(srcs, w, "srcs"), _tensors(dsts, w, "dsts")
+    if len(srcs) != len(dsts):
+        raise ConstraintError(f"{w}: {len(srcs)} srcs but {len(dsts)} dsts")
+    _placement(ctx, op, name, srcs + dsts, w, hbm_only)
+    if len(srcs) > 1 and not srcs[0].buffer.is_hbm:
+        raise ConstraintError(f"{w}: coalesced collectives (several tensors) need HBM tensors")
+    ranks = _my_list(ctx, replica_group, w)
+    n, pos = len(ranks), ranks.index(ctx.rank)
+    for s, d in zip(srcs, dsts):
+        compute.check(s, d, n, w)
+    ctx.check_capacity(op, name)
+    ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
+    dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op,
+                  (op, _sig(srcs), _sig(dsts)) + params, (ready, _data(ctx, srcs, op, name)))
+    members = tuple((r, ctx.program) for r in ranks)
+    got = ctx.rendezvous.exchange(dep, members)
+    start = max(got[m].payload[0] for m in members)
+    nbytes = sum(s.nbytes for s in srcs)
+    dur = duration(n, nbytes, ctx.link(0)) if n > 1 else 0.0
+    if ctx.numerics:
+        for i, d in enumerate(dsts):
+            ctx.write(d, compute([got[m].payload[1][i] for m in members], pos, n).reshape(d.shape))
+    _finish(ctx, op, name, "CC0", start, start + dur, srcs, dsts)
+
+
+def _reduce(op: Any, w: str) -> Any:
+    if op not in nl._REDUCE_OPS:
+        raise ConstraintError(f"{w}: op must be nl.add, nl.minimum or nl.maximum, got {op!r}")
+    return lambda arrays: functools.reduce(lambda a, b: op(a, b), [a.astype(np.float32) for a in arrays])
+
+
+class _Compute:
+    def __init__(self, fn: Any, check: Any) -> None:
+        self.fn, self.check = fn, check
+
+    def __call__(self, arrays: list[np.ndarray], pos: int, n: int) -> np.ndarray:
+        return self.fn(arrays, pos, n)
+
+
+def _dim_check(dim: int, grow: bool, split: bool) -> Any:
+    def check(s: NkiTensor, d: NkiTensor, n: int, w: str) -> None:
+        if not 0 <= dim < s.ndim:
+            raise ConstraintError(f"{w}: collective_dim {dim} out of range for src shape {s.shape}")
+        want = list(s.shape)
+        if grow:
+            want[dim] *= n
+        if split:
+            if s.shape[dim] % n:
+                raise ConstraintError(f"{w}: src dim {dim} of size {s.shape[dim]} does not split over {n} ranks")
+            want[dim] //= n
+        if tuple(want) != d.shape:
+            raise ConstraintError(f"{w}: dst shape {d.shape} != {tuple(want)} expected from src {s.shape} "
+                                  f"over {n} ranks on collective_dim {dim}")
+    return check
+
+
+def _same_shape_check(s: NkiTensor, d: NkiTensor, n: int, w: str) -> None:
+    if s.shape != d.shape:
+        raise ConstraintError(f"{w}: dst shape {d.shape} != src shape {s.shape}")
+
+
+def all_reduce(srcs, dsts, replica_group, op, priority=None, name=None):
+    """Every rank of a rank-list gets op-reduction of all their srcs (FP32 accumulation)."""
+    red = _reduce(op, "all_reduce")
+    _group_collective("all_reduce", name, srcs, dsts, replica_group, (op.__name__,),
+                      lambda n, b, link: 2 * (n - 1) * link.transfer_s(b / n),
+                      _Compute(lambda arrays, pos, n: red(arrays), _same_shape_check))
+
+
+def all_gather(srcs, dsts, replica_group, collective_dim, priority=None, name=None):
+    """dst = concatenation of the rank-list's srcs along ``collective_dim``, in list order."""
+    dim = int(collective_dim)
+    _group_collective("all_gather", name, srcs, dsts, replica_group, (dim,),
+                      lambda n, b, link: (n - 1) * link.transfer_s(b),
+                      _Compute(lambda arrays, pos, n: np.concatenate(arrays, axis=dim),
+                               _dim_check(dim, grow=True, split=False)))
+
+
+def reduce_scatter(srcs, dsts, replica_group, collective_dim, op, priority=None, name=None):
+    """The op-reduction of the srcs, split along ``collective_dim``; list position k gets chunk k."""
+    dim, red = int(collective_dim), _reduce(op, "reduce_scatter")
+    _group_collective("reduce_scatter", name, srcs, dsts, replica_group, (dim, op.__name__),
+                      lambda n, b, link: (n - 1) * link.transfer_s(b / n),
+                      _Compute(lambda arrays, pos, n: np.array_split(red(arrays), n, axis=dim)[pos],
+                               _dim_check(dim, grow=False, split=True)))
+
+
+def all_to_all(srcs, dsts, replica_group, collective_dim, priority=None, name=None):
+    """Chunk j of every src goes to list position j; dst concatenates the received chunks in list order."""
+    dim = int(collective_dim)
+    _group_collective("all_to_all", name, srcs, dsts, replica_group, (dim,),
+                      lambda n, b, link: (n - 1) * link.transfer_s(b / n),
+                      _Compute(lambda arrays, pos, n: np.concatenate(
+                          [np.array_split(a, n, axis=dim)[pos] for a in arrays], axis=dim),
+                          _dim_check(dim, grow=False, split=False)),
+                      hbm_only=True)
+
+
+def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None):
+    """Each (source, target) pair sends the source rank's src into the target rank's dst."""
+    op = "collective_permute"
+    ctx = _ctx(op)
+    w = ctx.where(op, name)
+    srcs, dsts = _tensors(srcs, w, "srcs"), _tensors(dsts, w, "dsts")
+    if len(srcs) != 1 or len(dsts) != 1:
+        raise ConstraintError(f"{w}: collective_permute takes exactly one src and one dst tensor")
+    _placement(ctx, op, name, srcs + dsts, w, hbm_only=True)
+    pairs = tuple((int(s), int(t)) for s, t in source_target_pairs)
+    targets = [t for _, t in pairs]
+    if len(set(targets)) != len(targets):
+        raise ConstraintError(f"{w}: source_target_pairs {list(pairs)} send twice to the same target")
+    ranks = tuple(sorted({r for p in pairs for r in p}))
+    if any(not 0 <= r < ctx.world for r in ranks):
+        raise ConstraintError(f"{w}: source_target_pairs {list(pairs)} name ranks outside 0..{ctx.world - 1}")
+    if ctx.rank not in ranks:
+        return None
+    _same_shape_check(srcs[0], dsts[0], 2, w)
+    ctx.check_capacity(op, name)
+    ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
+    dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op, (op, _sig(srcs), _sig(dsts), pairs),
+                  (ready, _data(ctx, srcs, op, name)))
+    members = tuple((r, ctx.program) for r in ranks)
+    got = ctx.rendezvous.exchange(dep, members)
+    start = max(got[m].payload[0] for m in members)
+    end = start + ctx.link(0).transfer_s(srcs[0].nbytes)
+    source = [s for s, t in pairs if t == ctx.rank]
+    writes = []
+    if source:
+        writes = dsts
+        if ctx.numerics:
+            ctx.write(dsts[0], got[(source[0], ctx.program)].payload[1][0].reshape(dsts[0].shape))
+    _finish(ctx, op, name, "CC0", start, end, srcs, writes)
+    return None
+
+
+def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_by_channel: Any,
+               replica_group: Any, channel_ids: Any, reducer: Any) -> None:
+    """One step of the implicit ring permute (with reduction when ``reducer`` is given)."""
+    w = ctx.where(op, name)
+    ranks = _my_list(ctx, replica_group, w)
+    n, pos = len(ranks), ranks.index(ctx.rank)
+    chans = [int(c) for c in channel_ids]
+    dst_lists = [_tensors(d, w, "dsts_by_channel entry") for d in dsts_by_channel]
+    src_lists = [[_tensors(s, w, "srcs_by_channel entry") for s in group] for group in srcs_by_channel]
+    if not (len(chans) == len(dst_lists) and all(len(s) == len(chans) for s in src_lists)):
+        raise ConstraintError(f"{w}: channel_ids {chans} but {len(dst_lists)} dst lists and "
+                              f"{[len(s) for s in src_lists]} src lists; one list per channel")
+    if len(set(chans)) != len(chans) or len(chans) > 4 or any(c < 0 for c in chans):
+        raise ConstraintError(f"{w}: channel_ids {chans} must be distinct, non-negative, at most 4")
+    for lists in [dst_lists] + src_lists:
+        if any(len(x) != 1 for x in lists):
+            raise ConstraintError(f"{w}: each channel takes exactly one tensor (coalescing not supported)")
+    dsts = [d[0] for d in dst_lists]
+    srcs = [[s[c][0] for s in src_lists] for c in range(len(chans))]
+    _placement(ctx, op, name, dsts + [t for ss in srcs for t in ss], w)
+    for c, (ss, d) in enumerate(zip(srcs, dsts)):
+        for s in ss:
+            if s.shape != d.shape:
+                raise ConstraintError(f"{w}: channel {chans[c]}: src shape {s.shape} != dst shape {d.shape}")
+    ctx.check_capacity(op, name)
+    tl = ctx.timeline
+    readies = [max(tl.ready(ss, [d]), tl.engine_free.get(f"CC{ch}", 0.0)) for ss, d, ch in zip(srcs, dsts, chans)]
+    outgoing = None
+    if ctx.numerics:
+        outgoing = []
+        for ss, d in zip(srcs, dsts):
+            vals = [ctx.read(s, op, name, "src").astype(np.float32) if reducer else ctx.read(s, op, name, "src")
+                    for s in ss]
+            outgoing.append(np.array(reducer(*vals) if reducer else vals[0]).astype(d.dtype))
+    sig = (op, tuple(chans), tuple(_sig(ss) for ss in srcs), _sig(dsts), reducer.__name__ if reducer else None)
+    dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op, sig, (readies, outgoing))
+    members = tuple((r, ctx.program) for r in ranks)
+    got = ctx.rendezvous.exchange(dep, members)
+    for c, ch in enumerate(chans):
+        step = 1 if ch % 2 == 0 else -1
+        pred, succ, succ2 = (members[(pos - step) % n], members[(pos + step) % n], members[(pos + 2 * step) % n])
+        hop = ctx.link(ch).transfer_s(dsts[c].nbytes) if n > 1 else 0.0
+        start = max(readies[c], got[pred].payload[0][c])
+        succ_start = max(got[succ].payload[0][c], readies[c]) if n > 1 else start
+        if ctx.numerics:
+            ctx.write(dsts[c], got[pred].payload[1][c])
+        _finish(ctx, op, name, f"CC{ch}", start, start + hop, srcs[c], [dsts[c]],
+                read_end=max(start, succ_start) + hop)
+        del succ2
+
+
+def collective_permute_implicit(srcs_by_channel, dsts_by_channel, replica_group, channel_ids=[0],
+                                priority=None, name=None):
+    """One ring step: on each channel, send src to the successor, receive the predecessor's src into dst."""
+    ctx = _ctx("collective_permute_implicit")
+    _ring_step(ctx, "collective_permute_implicit", name, [srcs_by_channel], dsts_by_channel,
+               replica_group, channel_ids, None)
+
+
+def collective_permute_implicit_reduce(srcs0_by_channel, srcs1_by_channel, dsts_by_channel, replica_group,
+                                       op, channel_ids=[0], priority=None, name=None):
+    """One ring step sending ``op(srcs0, srcs1)`` (FP32) to the successor; dst gets the predecessor's."""
+    ctx = _ctx("collective_permute_implicit_reduce")
+    w = ctx.where("collective_permute_implicit_reduce", name)
+    if not callable(op):
+        raise ConstraintError(f"{w}: op must be an nl function such as nl.add, got {op!r}")
+    _ring_step(ctx, "collective_permute_implicit_reduce", name, [srcs0_by_channel, srcs1_by_channel],
+               dsts_by_channel, replica_group, channel_ids, op)
+
+
+def collective_permute_implicit_current_processing_rank_id(iteration_id, replica_group, channel_id=0,
+                                                           name=None):
+    """Rank whose data this rank holds after ``iteration_id`` ring steps on ``channel_id``
+    (0: its own; even channels receive from the previous list entry, odd from the next)."""
+    ctx = _ctx("collective_permute_implicit_current_processing_rank_id")
+    ranks = _my_list(ctx, replica_group, ctx.where("collective_permute_implicit_current_processing_rank_id", name))
+    step = 1 if int(channel_id) % 2 == 0 else -1
+    return ranks[(ranks.index(ctx.rank) - step * int(iteration_id)) % len(ranks)]
+
+
+def rank_id(name=None):
+    """This rank's id (0 .. number of ranks - 1)."""
+    return _ctx("rank_id").rank

@@ -1,0 +1,168 @@
+"""The state of one simulated core: its allocations, capacity accounting and clock."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from . import checks, rates
+from .errors import ConstraintError, UninitializedReadError, where
+from .rates import LinkModel
+from .rendezvous import Rendezvous
+from .tensor import Allocation, MemoryRegion, NkiTensor
+from .timeline import CoreTimeline
+
+
+class SharedHbm:
+    """shared_hbm allocations of one logical rank, seen by both programs under LNC 2:
+    the k-th shared_hbm allocation of each program is the same tensor."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._allocs: dict[int, Allocation] = {}
+
+    def get_or_create(self, k: int, make: Any) -> Allocation:
+        with self._lock:
+            if k not in self._allocs:
+                self._allocs[k] = make()
+            return self._allocs[k]
+
+
+class CoreContext:
+    """One core running the kernel: rank, program, memory, numerics flag and timeline."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, *, rank: int, program: int, lnc: int, world: int, numerics: bool,
+                 sbuf_limit: int, links: dict[int, LinkModel], default_link: LinkModel,
+                 rendezvous: Rendezvous, shared_hbm: SharedHbm) -> None:
+        self.rank, self.program, self.lnc, self.world = rank, program, lnc, world
+        self.numerics = numerics
+        self.sbuf_limit = sbuf_limit
+        self.links, self.default_link = links, default_link
+        self.rendezvous = rendezvous
+        self.shared_hbm = shared_hbm
+        self._shared_seq = 0
+        self.timeline = CoreTimeline(rank, program)
+        self.sbuf_used = 0
+        self.psum_banks = 0
+        self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
+        self.inputs: set[int] = set()
+
+    @property
+    def who(self) -> tuple[int, int]:
+        return (self.rank, self.program)
+
+    def where(self, op: str, name: str | None = None) -> str:
+        return where(self.rank, op, name, self.program)
+
+    def link(self, channel: int) -> LinkModel:
+        return self.links.get(channel, self.default_link)
+
+    # --- allocation ---------------------------------------------------------------------------
+    def allocate(self, shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "",
+                 kind: str = "internal", op: str = "nl.ndarray") -> NkiTensor:
+        shape = checks.shape_tuple(shape, self.where(op, name or None))
+        dtype = checks.dtype_of(dtype, self.where(op, name or None))
+        if not isinstance(buffer, MemoryRegion):
+            raise ConstraintError(f"{self.where(op, name or None)}: buffer must be nl.sbuf, nl.psum, "
+                                  f"nl.private_hbm or nl.shared_hbm, got {buffer!r}")
+        if buffer.on_chip:
+            checks.partition_dim(shape[0], self.where(op, name or None), f"tensor shape {shape}")
+        if buffer is MemoryRegion.shared_hbm and self.lnc > 1 and kind == "internal":
+            k = self._shared_seq
+            self._shared_seq += 1
+            alloc = self.shared_hbm.get_or_create(
+                k, lambda: Allocation(next(self._ids), shape, dtype, buffer, name, self.numerics, kind))
+            if alloc.shape != shape or alloc.dtype != dtype:
+                raise ConstraintError(
+                    f"{self.where(op, name or None)}: shared_hbm allocation #{k} is {shape} {dtype.name} on "
+                    f"this program but {alloc.shape} {alloc.dtype.name} on the other program of the rank")
+            return NkiTensor(alloc)
+        alloc = Allocation(next(self._ids), shape, dtype, buffer, name, self.numerics, kind)
+        if buffer.on_chip:
+            nbytes = alloc.bytes_per_partition
+            self.live[alloc.id] = (buffer, nbytes, alloc.label())
+            if buffer is MemoryRegion.sbuf:
+                self.sbuf_used += nbytes
+            else:
+                self.psum_banks += checks.psum_banks(nbytes)
+            weakref.finalize(alloc, self._free, alloc.id)
+        else:
+            weakref.finalize(alloc, self.timeline.forget, alloc.id)
+        return NkiTensor(alloc)
+
+    def _free(self, aid: int) -> None:
+        entry = self.live.pop(aid, None)
+        if entry is not None:
+            buffer, nbytes, _ = entry
+            if buffer is MemoryRegion.sbuf:
+                self.sbuf_used -= nbytes
+            else:
+                self.psum_banks -= checks.psum_banks(nbytes)
+        self.timeline.forget(aid)
+
+    def input_tensor(self, value: Any, index: int) -> NkiTensor:
+        """A kernel argument (numpy array, or anything with .shape/.dtype) as an HBM tensor."""
+        t = self.allocate(tuple(value.shape), value.dtype, MemoryRegion.shared_hbm,
+                          name=f"arg{index}", kind="input", op="kernel input")
+        if self.numerics:
+            t.alloc.data[...] = np.asarray(value, dtype=t.dtype).reshape(-1)
+        if t.alloc.written is not None:
+            t.alloc.written[...] = True
+        self.inputs.add(t.alloc.id)
+        return t
+
+    # --- instructions --------------------------------------------------------------------------
+    def check_capacity(self, op: str, name: str | None) -> None:
+        """SBUF bytes and PSUM banks of the tensors alive when the instruction issues."""
+        if self.sbuf_used > self.sbuf_limit:
+            raise ConstraintError(
+                f"{self.where(op, name)}: SBUF over capacity: live tensors need {self.sbuf_used} bytes "
+                f"per partition > {self.sbuf_limit} ({self.sbuf_limit // 1024} KiB); largest: "
+                f"{self._largest(MemoryRegion.sbuf)}")
+        if self.psum_banks > rates.PSUM_NUM_BANKS:
+            raise ConstraintError(
+                f"{self.where(op, name)}: PSUM over capacity: live tensors need {self.psum_banks} banks "
+                f"of {rates.PSUM_BANK_BYTES} bytes per partition > {rates.PSUM_NUM_BANKS}; "
+                f"largest: {self._largest(MemoryRegion.psum)}")
+
+    def _largest(self, buffer: MemoryRegion) -> str:
+        items = sorted((v for v in self.live.values() if v[0] is buffer), key=lambda v: -v[1])[:4]
+        return ", ".join(f"{label} {n} B" for _, n, label in items)
+
+    def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
+        """The data of ``v`` (numerics mode), refusing elements nothing has written."""
+        mask = v.written_mask()
+        if not mask.all():
+            bad = np.argwhere(~mask)
+            raise UninitializedReadError(
+                f"{self.where(op, name)}: {role} reads {int((~mask).sum())} of {v.size} elements of "
+                f"tensor {v.alloc.label()} ({v.buffer.name}, shape {v.alloc.shape}) that nothing has "
+                f"written (NaN); first at view index {tuple(int(i) for i in bad[0])}")
+        return v.array()
+
+    def write(self, v: NkiTensor, value: np.ndarray) -> None:
+        dst = v.array()
+        dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
+        v.written_mask()[...] = True
+
+    def issue(self, op: str, name: str | None, engine: str, duration: float,
+              reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
+        self.check_capacity(op, name)
+        tl = self.timeline
+        start, end = tl.run(engine, duration, tl.ready(reads, writes), op, name)
+        tl.record(reads, writes, end, end)
+        return start, end
+
+    def issue_dma(self, op: str, name: str | None, nbytes: int,
+                  reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
+        self.check_capacity(op, name)
+        tl = self.timeline
+        start, end = tl.dma(nbytes, tl.ready(reads, writes), op, name)
+        tl.record(reads, writes, end, end)
+        return start, end

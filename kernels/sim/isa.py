@@ -1,0 +1,316 @@
+"""The simulator's ``nki.isa`` (nisa): the instructions trnopt kernels use.
+
+Names, parameters and defaults follow the "nki.isa" API reference (NKI 0.6/0.7). Each
+instruction checks its rules (``checks``), computes with NumPy in numerics mode (FP32
+arithmetic, FP32 PSUM accumulation, results cast to the dst dtype through ml_dtypes),
+and is placed on its engine's timeline with a duration from ``rates``.
+
+nc_matmul: ``dst[M, N] = stationary[K, M].T @ moving[K, N]``. ``accumulate=None`` (the
+default) adds into the PSUM elements already written and starts from zero on elements
+nothing has written, which is how a fresh PSUM tile accumulates over K tiles;
+``accumulate=True`` adds (the dst must be written); ``False`` overwrites.
+``tile_position``/``tile_size`` (PE tiling) are accepted and do not change the timing.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from . import checks, rates
+from . import language as nl
+from .errors import ConstraintError, SimulatorError
+from .language import NKIObject
+from .state import current
+from .tensor import MemoryRegion, NkiTensor
+
+
+class engine(Enum):
+    unknown = 0
+    tensor = 1
+    vector = 2
+    scalar = 3
+    gpsimd = 4
+    dma = 5
+    sync = 6
+
+
+class dge_mode(Enum):
+    unknown = 0
+    none = 1
+    swdge = 2
+    hwdge = 3
+
+
+class dma_engine(Enum):
+    dma = 0
+    gpsimd_dma = 1
+
+
+class oob_mode(Enum):
+    error = 0
+    skip = 1
+
+
+class reduce_cmd(Enum):
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+class matmul_perf_mode(Enum):
+    none = 0
+    double_row = 1
+
+
+class nc_version(Enum):
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+class NkiValidationError(Exception):
+    """Raised by the reference on invalid instructions (the simulator raises ConstraintError)."""
+
+
+class NkiInstruction(NKIObject):
+    """Handle of an issued instruction: its engine and simulated start/end times."""
+
+    def __init__(self, op: str, name: str | None, start_s: float, end_s: float) -> None:
+        self.op, self.name, self.start_s, self.end_s = op, name, start_s, end_s
+
+    def depends_on(self, *others: Any) -> "NkiInstruction":
+        return self  # the simulator orders by data dependencies already
+
+    def __repr__(self) -> str:
+        return f"NkiInstruction({self.op}, name={self.name!r}, {self.start_s * 1e6:.3f}-{self.end_s * 1e6:.3f} us)"
+
+
+_ENGINE_NAMES = {engine.vector: "Vector", engine.scalar: "Scalar", engine.gpsimd: "GpSimd",
+                 engine.tensor: "Tensor"}
+
+
+def _ctx(op: str) -> Any:
+    ctx = current()
+    if ctx is None:
+        raise SimulatorError(f"nisa.{op} called outside a simulated kernel (use nki.simulate or run_ranks)")
+    return ctx
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32)
+
+
+def _done(op: str, name: str | None, t: tuple[float, float]) -> NkiInstruction:
+    return NkiInstruction(op, name, t[0], t[1])
+
+
+def get_nc_version():
+    return nc_version.gen3
+
+
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
+             engine=engine.unknown, name=None):
+    """Copy ``src`` to ``dst`` by DMA (HBM<->SBUF, HBM<->HBM, SBUF<->SBUF; never PSUM)."""
+    ctx = _ctx("dma_copy")
+    w = ctx.where("dma_copy", name)
+    dst, src = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(src, w, "src")
+    checks.dma(dst, src, w)
+    if ctx.numerics:
+        ctx.write(dst, ctx.read(src, "dma_copy", name, "src").reshape(dst.shape))
+    return _done("dma_copy", name, ctx.issue_dma("dma_copy", name, src.nbytes, [src], [dst]))
+
+
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
+              is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
+              perf_mode=matmul_perf_mode.none, name=None):
+    """``dst[M, N] (PSUM) = stationary[K, M].T @ moving[K, N]`` on the Tensor engine."""
+    ctx = _ctx("nc_matmul")
+    w = ctx.where("nc_matmul", name)
+    dst = checks.tensor_arg(dst, w, "dst")
+    stationary, moving = checks.tensor_arg(stationary, w, "stationary"), checks.tensor_arg(moving, w, "moving")
+    if is_transpose:
+        raise ConstraintError(f"{w}: is_transpose=True is not simulated (use nisa.nc_transpose)")
+    k, m, n = checks.matmul(dst, stationary, moving, w)
+    reads = [stationary, moving]
+    if ctx.numerics:
+        a = _f32(ctx.read(stationary, "nc_matmul", name, "stationary").reshape(k, m))
+        b = _f32(ctx.read(moving, "nc_matmul", name, "moving").reshape(k, n))
+        r = a.T @ b
+        if accumulate is None or accumulate:
+            if accumulate:
+                prev = _f32(ctx.read(dst, "nc_matmul", name, "accumulating dst"))
+            else:
+                prev = np.where(dst.written_mask(), _f32(dst.array()), np.float32(0))
+            r = prev.reshape(m, n) + r
+        ctx.write(dst, r.reshape(dst.shape))
+    if accumulate is None or accumulate:
+        reads = reads + [dst]
+    dur = rates.matmul_seconds(m, n, stationary.dtype, perf_mode is matmul_perf_mode.double_row)
+    return _done("nc_matmul", name, ctx.issue("nc_matmul", name, "Tensor", dur, reads, [dst]))
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """``dst = data.T`` for a 2-D tile: on the Tensor engine into PSUM (default), or on the
+    Vector engine SBUF->SBUF for tiles up to 32x32."""
+    ctx = _ctx("nc_transpose")
+    w = ctx.where("nc_transpose", name)
+    dst, data = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(data, w, "data")
+    checks.on_chip(data, w, "data")
+    checks.on_chip(dst, w, "dst")
+    p, f = data.shape[0], checks.free_size(data)
+    if dst.shape[0] != f or checks.free_size(dst) != p:
+        raise ConstraintError(f"{w}: transpose of {data.shape} needs dst [{f}, {p}], got {dst.shape}")
+    on_vector = engine is globals()["engine"].vector
+    if on_vector:
+        if p > 32 or f > 32:
+            raise ConstraintError(f"{w}: Vector-engine transpose is limited to 32x32, got {data.shape}")
+    else:
+        checks.in_buffer(data, [MemoryRegion.sbuf], w, "transpose input (data)")
+        checks.in_buffer(dst, [MemoryRegion.psum], w, "Tensor-engine transpose result (dst)")
+        if f > rates.GEMM_STATIONARY_FMAX:
+            raise ConstraintError(f"{w}: transpose input free size {f} > {rates.GEMM_STATIONARY_FMAX}")
+    if ctx.numerics:
+        ctx.write(dst, ctx.read(data, "nc_transpose", name, "data").reshape(p, f).T)
+    if on_vector:
+        dur, eng = rates.elementwise_seconds(f), "Vector"
+    else:
+        dur, eng = rates.matmul_seconds(p, f, data.dtype), "Tensor"
+    return _done("nc_transpose", name, ctx.issue("nc_transpose", name, eng, dur, [data], [dst]))
+
+
+def _elementwise_engine(e: Any, default: str) -> str:
+    return _ENGINE_NAMES.get(e, default)
+
+
+def tensor_copy(dst, src, engine=engine.unknown, name=None):
+    """Copy an on-chip tile (SBUF/PSUM) to another, converting to the dst dtype."""
+    ctx = _ctx("tensor_copy")
+    w = ctx.where("tensor_copy", name)
+    dst, src = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(src, w, "src")
+    checks.on_chip(src, w, "src")
+    checks.on_chip(dst, w, "dst")
+    checks.same_partitions(dst, src, w, "dst", "src")
+    if ctx.numerics:
+        ctx.write(dst, _f32(ctx.read(src, "tensor_copy", name, "src")).reshape(dst.shape))
+    dur = rates.elementwise_seconds(checks.free_size(src))
+    return _done("tensor_copy", name, ctx.issue("tensor_copy", name, _elementwise_engine(engine, "Vector"),
+                                                dur, [src], [dst]))
+
+
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    """``dst = op(data1, data2)`` element-wise, computed in FP32 (Vector engine by default)."""
+    ctx = _ctx("tensor_tensor")
+    w = ctx.where("tensor_tensor", name)
+    dst = checks.tensor_arg(dst, w, "dst")
+    data1, data2 = checks.tensor_arg(data1, w, "data1"), checks.tensor_arg(data2, w, "data2")
+    for role, v in (("dst", dst), ("data1", data1), ("data2", data2)):
+        checks.on_chip(v, w, role)
+    checks.same_partitions(data1, data2, w, "data1", "data2")
+    checks.same_partitions(dst, data1, w, "dst", "data1")
+    if not callable(op):
+        raise ConstraintError(f"{w}: op must be an nl function such as nl.add, got {op!r}")
+    if ctx.numerics:
+        a = _f32(ctx.read(data1, "tensor_tensor", name, "data1"))
+        b = _f32(ctx.read(data2, "tensor_tensor", name, "data2")).reshape(a.shape)
+        ctx.write(dst, np.asarray(op(a, b)).reshape(dst.shape))
+    dur = rates.elementwise_seconds(checks.free_size(dst))
+    return _done("tensor_tensor", name, ctx.issue("tensor_tensor", name, _elementwise_engine(engine, "Vector"),
+                                                  dur, [data1, data2], [dst]))
+
+
+def _operand(ctx: Any, v: Any, shape: tuple[int, ...], op: str, name: str | None, role: str,
+             reads: list[NkiTensor]) -> Any:
+    """A scalar, or a [P, 1] tile broadcast along the free dims."""
+    if isinstance(v, NkiTensor):
+        checks.on_chip(v, ctx.where(op, name), role)
+        if v.shape[0] != shape[0] or checks.free_size(v) != 1:
+            raise ConstraintError(f"{ctx.where(op, name)}: {role} must be a scalar or a [{shape[0]}, 1] "
+                                  f"tile, got shape {v.shape}")
+        reads.append(v)
+        if not ctx.numerics:
+            return None
+        return _f32(ctx.read(v, op, name, role)).reshape((shape[0],) + (1,) * (len(shape) - 1))
+    return np.float32(v)
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=engine.unknown, name=None):
+    """``dst = (data op0 operand0) op1 operand1``; operands are scalars or [P, 1] tiles."""
+    ctx = _ctx("tensor_scalar")
+    w = ctx.where("tensor_scalar", name)
+    dst, data = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(data, w, "data")
+    checks.on_chip(data, w, "data")
+    checks.on_chip(dst, w, "dst")
+    checks.same_partitions(dst, data, w, "dst", "data")
+    reads = [data]
+    o0 = _operand(ctx, operand0, data.shape, "tensor_scalar", name, "operand0", reads)
+    o1 = _operand(ctx, operand1, data.shape, "tensor_scalar", name, "operand1", reads) if op1 else None
+    if ctx.numerics:
+        x = _f32(ctx.read(data, "tensor_scalar", name, "data"))
+        x = op0(o0, x) if reverse0 else op0(x, o0)
+        if op1 is not None:
+            x = op1(o1, x) if reverse1 else op1(x, o1)
+        ctx.write(dst, np.asarray(x).reshape(dst.shape))
+    dur = rates.elementwise_seconds(checks.free_size(data))
+    return _done("tensor_scalar", name, ctx.issue("tensor_scalar", name, _elementwise_engine(engine, "Vector"),
+                                                  dur, reads, [dst]))
+
+
+def memset(dst, value, engine=engine.unknown, name=None):
+    """Fill an on-chip tile with ``value`` (Vector engine by default)."""
+    ctx = _ctx("memset")
+    w = ctx.where("memset", name)
+    dst = checks.tensor_arg(dst, w, "dst")
+    checks.on_chip(dst, w, "dst")
+    if ctx.numerics:
+        ctx.write(dst, np.full(dst.shape, value, dtype=np.float32 if dst.dtype.kind not in "iub" else dst.dtype))
+    dur = rates.elementwise_seconds(checks.free_size(dst))
+    return _done("memset", name, ctx.issue("memset", name, _elementwise_engine(engine, "Vector"), dur, [], [dst]))
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=reduce_cmd.idle, name=None):
+    """``dst = op(data * scale + bias)`` on the Scalar engine; ``bias`` is a [P, 1] tile,
+    ``scale`` a scalar or [P, 1] tile; with ``reduce_op``/``reduce_res`` the result is also
+    reduced along the free dims into ``reduce_res`` [P, 1]."""
+    ctx = _ctx("activation")
+    w = ctx.where("activation", name)
+    dst, data = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(data, w, "data")
+    checks.on_chip(data, w, "data")
+    checks.on_chip(dst, w, "dst")
+    checks.same_partitions(dst, data, w, "dst", "data")
+    reads, writes = [data], [dst]
+    s = _operand(ctx, scale, data.shape, "activation", name, "scale", reads)
+    b = _operand(ctx, bias, data.shape, "activation", name, "bias", reads) if bias is not None else None
+    if reduce_res is not None:
+        reduce_res = checks.tensor_arg(reduce_res, w, "reduce_res")
+        checks.on_chip(reduce_res, w, "reduce_res")
+        writes.append(reduce_res)
+        if reduce_op is None:
+            raise ConstraintError(f"{w}: reduce_res given without reduce_op")
+    if ctx.numerics:
+        x = _f32(ctx.read(data, "activation", name, "data")) * s
+        if b is not None:
+            x = x + b
+        y = np.asarray(op(x), dtype=np.float32)
+        ctx.write(dst, y.reshape(dst.shape))
+        if reduce_res is not None:
+            flat = y.reshape(y.shape[0], -1)
+            red = {nl.add: np.sum, nl.maximum: np.max, nl.minimum: np.min}.get(reduce_op)
+            if red is None:
+                raise ConstraintError(f"{w}: reduce_op must be nl.add, nl.maximum or nl.minimum")
+            ctx.write(reduce_res, red(flat, axis=1).reshape(reduce_res.shape))
+    dur = rates.elementwise_seconds(checks.free_size(data))
+    return _done("activation", name, ctx.issue("activation", name, "Scalar", dur, reads, writes))

@@ -1,0 +1,280 @@
+"""The simulator's ``nki.language`` (nl): dtypes, buffers, tensor creation, ranges, ops.
+
+Names, parameters and defaults follow the "nki.language" API reference (NKI 0.6/0.7,
+Neuron SDK 2.32/2.33). The element-wise functions (``add``, ``exp``, ...) serve as the
+``op`` argument of ISA instructions and collectives; the simulator evaluates them on
+NumPy arrays. Calling them on tiles (the pre-0.6 tile API) is not simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import rates
+from .errors import ConstraintError, SimulatorError
+from .state import current
+from .tensor import MemoryRegion, NkiTensor
+
+# --- dtypes (numpy / ml_dtypes); tfloat32 is simulated as float32 -------------------------
+DType = np.dtype
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float16 = np.dtype(np.float16)
+float32 = np.dtype(np.float32)
+tfloat32 = np.dtype(np.float32)
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
+int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
+uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
+bool_ = np.dtype(np.bool_)
+
+# --- buffers ------------------------------------------------------------------------------
+sbuf = MemoryRegion.sbuf
+psum = MemoryRegion.psum
+private_hbm = MemoryRegion.private_hbm
+shared_hbm = MemoryRegion.shared_hbm
+hbm = MemoryRegion.shared_hbm
+
+
+class NKIObject:
+    """Base class of NKI objects (as in the reference)."""
+
+
+class _TileSize(NKIObject):
+    """Hardware tile-size constants ("nki.language.tile_size"), Trn2 values."""
+
+    pmax = rates.PMAX
+    gemm_stationary_fmax = rates.GEMM_STATIONARY_FMAX
+    gemm_moving_fmax = rates.GEMM_MOVING_FMAX
+    psum_num_banks = rates.PSUM_NUM_BANKS
+    psum_bank_fmax = rates.PSUM_BANK_FMAX
+    psum_bank_fmax_bytes = rates.PSUM_BANK_BYTES
+    psum_fmax = rates.PSUM_BANK_FMAX
+    psum_min_align = 4
+    sbuf_min_align = 1
+    sbuf_fmax_bytes = rates.DEFAULT_SBUF_BYTES_PER_PARTITION
+    sbuf_fmax = rates.DEFAULT_SBUF_BYTES_PER_PARTITION // 4
+    sbuf_size_bytes = rates.DEFAULT_SBUF_BYTES_PER_PARTITION * rates.PMAX
+    total_available_sbuf_size = rates.DEFAULT_SBUF_BYTES_PER_PARTITION
+    bn_stats_fmax = 512
+
+
+tile_size = _TileSize()
+
+
+def _ctx(op: str) -> Any:
+    ctx = current()
+    if ctx is None:
+        raise SimulatorError(f"nl.{op} called outside a simulated kernel (use nki.simulate or run_ranks)")
+    return ctx
+
+
+# --- tensor creation ----------------------------------------------------------------------
+def ndarray(shape, dtype, buffer=sbuf, name='', address=None):
+    """A new tensor of ``shape`` in ``buffer``; on-chip tensors have the partition dim first.
+    Its memory holds NaN until written."""
+    return _ctx("ndarray").allocate(shape, dtype, buffer, name, op="nl.ndarray")
+
+
+def _filled(op: str, shape: Any, dtype: Any, buffer: MemoryRegion, name: str, value: float) -> NkiTensor:
+    ctx = _ctx(op)
+    t = ctx.allocate(shape, dtype, buffer, name, op=f"nl.{op}")
+    if ctx.numerics:
+        ctx.write(t, np.full(t.shape, value, dtype=np.float64 if t.dtype.kind != "V" else np.float32))
+    if buffer.on_chip:
+        ctx.issue(f"nl.{op}", name or None, "Vector", rates.elementwise_seconds(math.prod(t.shape[1:])), [], [t])
+    else:
+        ctx.issue_dma(f"nl.{op}", name or None, t.nbytes, [], [t])
+    return t
+
+
+def zeros(shape, dtype, buffer=sbuf, name=''):
+    return _filled("zeros", shape, dtype, buffer, name, 0.0)
+
+
+def ones(shape, dtype, buffer=sbuf, name=''):
+    return _filled("ones", shape, dtype, buffer, name, 1.0)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name=''):
+    return _filled("full", shape, dtype, buffer, name, fill_value)
+
+
+def zeros_like(x, dtype=None, buffer=None, name=''):
+    return zeros(x.shape, dtype or x.dtype, buffer or x.buffer, name)
+
+
+def empty_like(x, dtype=None, buffer=None, name=''):
+    return ndarray(x.shape, dtype or x.dtype, buffer or x.buffer, name)
+
+
+def ds(start, size):
+    """Dynamic slice ``start : start + size``."""
+    return slice(int(start), int(start) + int(size))
+
+
+# --- ranges and programs -----------------------------------------------------------------
+def affine_range(start, stop=None, step=1):
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+def sequential_range(start, stop=None, step=1):
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+def static_range(start, stop=None, step=1):
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+def program_id(axis=0):
+    """Index of this program in the launch grid: the physical core of the rank under LNC 2."""
+    return _ctx("program_id").program if int(axis) == 0 else 0
+
+
+def num_programs(axes=0):
+    return _ctx("num_programs").lnc if axes in (0, None) else 1
+
+
+def program_ndim():
+    return 1
+
+
+def is_hbm(buffer):
+    return buffer in (private_hbm, shared_hbm)
+
+
+def is_on_chip(buffer):
+    return buffer in (sbuf, psum)
+
+
+def is_psum(buffer):
+    return buffer is psum
+
+
+def is_sbuf(buffer):
+    return buffer is sbuf
+
+
+# --- element-wise functions, used as ``op`` ------------------------------------------------
+def _np(op: str, *xs: Any) -> list[np.ndarray]:
+    if any(isinstance(x, NkiTensor) for x in xs):
+        raise ConstraintError(f"nl.{op} on tiles is not simulated; use it as the op of an ISA "
+                              f"instruction, e.g. nisa.tensor_tensor(dst, a, b, op=nl.{op})")
+    return [np.asarray(x, dtype=np.float32) if not isinstance(x, np.ndarray) else x for x in xs]
+
+
+def _cast(r: np.ndarray, dtype: Any) -> np.ndarray:
+    return r if dtype is None else r.astype(dtype)
+
+
+def add(x, y, dtype=None):
+    a, b = _np("add", x, y)
+    return _cast(np.add(a, b), dtype)
+
+
+def subtract(x, y, dtype=None):
+    a, b = _np("subtract", x, y)
+    return _cast(np.subtract(a, b), dtype)
+
+
+def multiply(x, y, dtype=None):
+    a, b = _np("multiply", x, y)
+    return _cast(np.multiply(a, b), dtype)
+
+
+def divide(x, y, dtype=None):
+    a, b = _np("divide", x, y)
+    return _cast(np.divide(a, b), dtype)
+
+
+def maximum(x, y, dtype=None):
+    a, b = _np("maximum", x, y)
+    return _cast(np.maximum(a, b), dtype)
+
+
+def minimum(x, y, dtype=None):
+    a, b = _np("minimum", x, y)
+    return _cast(np.minimum(a, b), dtype)
+
+
+def power(x, y, dtype=None):
+    a, b = _np("power", x, y)
+    return _cast(np.power(a, b), dtype)
+
+
+def copy(x, dtype=None):
+    (a,) = _np("copy", x)
+    return _cast(np.array(a), dtype)
+
+
+def exp(x, dtype=None):
+    (a,) = _np("exp", x)
+    return _cast(np.exp(a), dtype)
+
+
+def log(x, dtype=None):
+    (a,) = _np("log", x)
+    return _cast(np.log(a), dtype)
+
+
+def sqrt(x, dtype=None):
+    (a,) = _np("sqrt", x)
+    return _cast(np.sqrt(a), dtype)
+
+
+def rsqrt(x, dtype=None):
+    (a,) = _np("rsqrt", x)
+    return _cast(1.0 / np.sqrt(a), dtype)
+
+
+def reciprocal(x, dtype=None):
+    (a,) = _np("reciprocal", x)
+    return _cast(1.0 / a, dtype)
+
+
+def abs(x, dtype=None):  # noqa: A001 - the reference name
+    (a,) = _np("abs", x)
+    return _cast(np.abs(a), dtype)
+
+
+def negative(x, dtype=None):
+    (a,) = _np("negative", x)
+    return _cast(np.negative(a), dtype)
+
+
+def square(x, dtype=None):
+    (a,) = _np("square", x)
+    return _cast(np.square(a), dtype)
+
+
+def tanh(x, dtype=None):
+    (a,) = _np("tanh", x)
+    return _cast(np.tanh(a), dtype)
+
+
+def sigmoid(x, dtype=None):
+    (a,) = _np("sigmoid", x)
+    return _cast(1.0 / (1.0 + np.exp(-a)), dtype)
+
+
+def relu(x, dtype=None):
+    (a,) = _np("relu", x)
+    return _cast(np.maximum(a, 0), dtype)
+
+
+def silu(x, dtype=None):
+    (a,) = _np("silu", x)
+    return _cast(a / (1.0 + np.exp(-a)), dtype)
+
+
+def gelu_apprx_tanh(x, dtype=None):
+    (a,) = _np("gelu_apprx_tanh", x)
+    return _cast(0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a ** 3))), dtype)
+
+
+_REDUCE_OPS = (add, minimum, maximum)

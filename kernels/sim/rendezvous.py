@@ -1,0 +1,136 @@
+"""Where the rank threads meet for a collective, with mismatch, deadlock and timeout checks.
+
+Every participant (a rank, or one program of a rank under LNC 2) counts the collectives
+it issues on each replica sub-group; the k-th call of every member of a sub-group meets
+the k-th call of the others. The last one to arrive compares what everybody issued (op,
+shapes, dtypes, parameters) and raises ``CollectiveMismatchError`` naming the ranks and
+instructions when they differ. A member waiting on a peer that has already finished the
+kernel, a state where every live participant waits on a collective that cannot complete
+(a deadlock), or a wait longer than ``timeout_s`` also raise, never hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import CollectiveMismatchError, SimulatorError, _Aborted
+
+Participant = tuple[int, int]  # (rank, program)
+
+
+@dataclass
+class Deposit:
+    """What one participant brings to a collective."""
+
+    who: Participant
+    desc: str  # "all_gather(name='x')" for messages
+    signature: tuple  # must be equal across the group
+    payload: Any  # data and ready times, read by the peers
+
+
+def _fmt(p: Participant) -> str:
+    return f"rank {p[0]}" + (f" (program {p[1]})" if p[1] else "")
+
+
+class Rendezvous:
+    """Meeting point of all participants of one run."""
+
+    POLL_S = 0.05
+
+    def __init__(self, participants: list[Participant], timeout_s: float) -> None:
+        self._cond = threading.Condition()
+        self._alive = set(participants)
+        self._blocked: dict[Participant, tuple[tuple, str]] = {}
+        self._pending: dict[tuple, dict[Participant, Deposit]] = {}
+        self._done: dict[tuple, list] = {}
+        self._seq: dict[tuple, int] = {}
+        self.timeout_s = timeout_s
+        self.error: BaseException | None = None
+
+    def abort(self, exc: BaseException) -> None:
+        with self._cond:
+            if self.error is None:
+                self.error = exc
+            self._cond.notify_all()
+
+    def finish(self, who: Participant) -> None:
+        with self._cond:
+            self._alive.discard(who)
+            self._cond.notify_all()
+
+    def _fail(self, exc: SimulatorError) -> SimulatorError:
+        if self.error is None:
+            self.error = exc
+        self._cond.notify_all()
+        return exc
+
+    def exchange(self, deposit: Deposit, members: tuple[Participant, ...]) -> dict[Participant, Deposit]:
+        """Meet the other members of ``members`` at this participant's next call on that
+        sub-group; return every member's deposit."""
+        me = deposit.who
+        with self._cond:
+            if self.error is not None:
+                raise _Aborted()
+            sk = (me, members)
+            k = self._seq.get(sk, 0)
+            self._seq[sk] = k + 1
+            key = (members, k)
+            entry = self._pending.setdefault(key, {})
+            entry[me] = deposit
+            if len(entry) == len(members):
+                del self._pending[key]
+                self._check_match(entry, members, k)
+                if len(members) > 1:
+                    self._done[key] = [entry, len(members) - 1]
+                self._cond.notify_all()
+                return entry
+            self._blocked[me] = (key, deposit.desc)
+            t0 = time.monotonic()
+            try:
+                while key not in self._done:
+                    if self.error is not None:
+                        raise _Aborted()
+                    self._check_stuck(me, key, entry, members, deposit, t0)
+                    self._cond.wait(self.POLL_S)
+            finally:
+                self._blocked.pop(me, None)
+            slot = self._done[key]
+            slot[1] -= 1
+            if slot[1] == 0:
+                del self._done[key]
+            return slot[0]
+
+    def _check_match(self, entry: dict[Participant, Deposit], members: tuple[Participant, ...], k: int) -> None:
+        sigs = {d.signature for d in entry.values()}
+        if len(sigs) == 1:
+            return
+        ranks = [m[0] for m in members]
+        lines = [f"  {_fmt(m)}: {entry[m].desc} {entry[m].signature}" for m in members]
+        raise self._fail(CollectiveMismatchError(
+            f"collective mismatch in replica group {ranks} (call #{k + 1} on that group): "
+            f"the ranks issued different collectives or parameters:\n" + "\n".join(lines)))
+
+    def _check_stuck(self, me: Participant, key: tuple, entry: dict, members: tuple,
+                     deposit: Deposit, t0: float) -> None:
+        ranks = [m[0] for m in members]
+        missing = [m for m in members if m not in entry]
+        gone = [m for m in missing if m not in self._alive]
+        if gone:
+            raise self._fail(CollectiveMismatchError(
+                f"{_fmt(me)}, {deposit.desc}: waits in replica group {ranks} for "
+                f"{', '.join(_fmt(m) for m in gone)}, which finished the kernel without issuing "
+                f"a matching collective (call #{key[1] + 1} on that group)"))
+        stuck = [p for p in self._alive if p in self._blocked and self._blocked[p][0] not in self._done]
+        if len(stuck) == len(self._alive):
+            lines = [f"  {_fmt(p)} waits in {self._blocked[p][1]} on group {[m[0] for m in self._blocked[p][0][0]]}"
+                     f" (call #{self._blocked[p][0][1] + 1})" for p in sorted(stuck)]
+            raise self._fail(CollectiveMismatchError(
+                "deadlock: every live rank waits on a collective that no peer will complete:\n"
+                + "\n".join(lines)))
+        if time.monotonic() - t0 > self.timeout_s:
+            raise self._fail(CollectiveMismatchError(
+                f"{_fmt(me)}, {deposit.desc}: blocked for more than {self.timeout_s:g} s in replica group "
+                f"{ranks} waiting for {', '.join(_fmt(m) for m in missing)}"))

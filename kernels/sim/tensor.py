@@ -1,0 +1,309 @@
+"""Tensors: per-rank allocations and the strided views that NKI instructions consume.
+
+Follows the "nki.language.NkiTensor" and "NKI Access Patterns" pages: a tensor lives in
+one buffer (SBUF, PSUM, private or shared HBM); every view (slicing, ``.ap()``) is an
+element offset plus an access pattern ``[[stride, count], ...]`` over the allocation's
+row-major storage. On SBUF and PSUM, dim 0 of the allocation is the partition dim.
+
+Simulator conventions (the reference leaves them open): ``ap(offset=...)`` and
+``scalar_offset`` are element offsets added to the view's own offset; slices must lie
+inside the tensor (no clipping) and indices must be non-negative.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .errors import ConstraintError
+from .state import here
+
+
+class MemoryRegion(Enum):
+    """Memory region of a tensor ("nki.language" page: sbuf, psum, private_hbm, shared_hbm)."""
+
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+    @property
+    def on_chip(self) -> bool:
+        return self in (MemoryRegion.sbuf, MemoryRegion.psum)
+
+    @property
+    def is_hbm(self) -> bool:
+        return self in (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
+
+
+class Allocation:
+    """One allocation of one core: shape, dtype, buffer, and (numerics mode) its data.
+
+    ``data`` is a flat array filled with NaN for float dtypes (so reads of unwritten memory
+    show up); ``written`` is a flat bool mask of the elements some instruction has written.
+    Both are None when the run records the schedule only (numerics=False).
+    """
+
+    __slots__ = ("id", "shape", "dtype", "buffer", "name", "data", "written", "kind",
+                 "collective_touched", "strides", "size", "__weakref__")
+
+    def __init__(self, aid: int, shape: tuple[int, ...], dtype: np.dtype, buffer: MemoryRegion,
+                 name: str, numerics: bool, kind: str = "internal") -> None:
+        self.id = aid
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.buffer = buffer
+        self.name = name
+        self.kind = kind  # "internal", "input" or "output"
+        self.collective_touched: str | None = None
+        self.size = int(math.prod(shape))
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= n
+        self.strides = tuple(reversed(strides))
+        if numerics:
+            self.data = np.empty(self.size, dtype=self.dtype)
+            if self.dtype.kind == "f" or self.dtype.name in ("bfloat16",) or "float" in self.dtype.name:
+                self.data.fill(np.nan)
+            else:
+                self.data.fill(0)
+            self.written = np.zeros(self.size, dtype=bool)
+        else:
+            self.data = None
+            self.written = None
+
+    @property
+    def bytes_per_partition(self) -> int:
+        """Bytes one partition holds: product of the free dims x itemsize (on-chip tensors)."""
+        free = math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+        return int(free) * self.dtype.itemsize
+
+    def label(self) -> str:
+        return f"'{self.name}'" if self.name else f"#{self.id}"
+
+
+def _as_index(k: Any) -> int | None:
+    if isinstance(k, (bool, np.bool_)):
+        return None
+    if isinstance(k, (int, np.integer)):
+        return int(k)
+    return None
+
+
+class NkiTensor:
+    """A view of an allocation: ``offset`` plus ``pattern`` ((stride, count) per dim).
+
+    ``_dims`` maps each view dim to (alloc dim, first index, step) when the view came from
+    slicing (alloc dim -1 after ``.ap()``/reshape); ``_fixed`` holds alloc dims removed by an
+    integer index. Both serve the dependency tracking of the timeline (``box``).
+    """
+
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box")
+
+    def __init__(self, alloc: Allocation, offset: int = 0,
+                 pattern: tuple[tuple[int, int], ...] | None = None,
+                 dims: tuple[tuple[int, int, int], ...] | None = None,
+                 fixed: tuple[tuple[int, int], ...] = ()) -> None:
+        self.alloc = alloc
+        self.offset = offset
+        if pattern is None:
+            pattern = tuple(zip(alloc.strides, alloc.shape))
+            dims = tuple((d, 0, 1) for d in range(len(alloc.shape)))
+        self.pattern = pattern
+        self._dims = dims if dims is not None else tuple((-1, 0, 1) for _ in pattern)
+        self._fixed = fixed
+        self._box: tuple[tuple[int, int], ...] | None = None
+
+    # --- attributes of the reference NkiTensor ---------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(c for _, c in self.pattern)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.alloc.dtype
+
+    @property
+    def buffer(self) -> MemoryRegion:
+        return self.alloc.buffer
+
+    @property
+    def name(self) -> str:
+        return self.alloc.name
+
+    @property
+    def ndim(self) -> int:
+        return len(self.pattern)
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(s for s, _ in self.pattern)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.alloc.dtype.itemsize
+
+    def get_pattern(self) -> list[list[int]]:
+        """The view's access pattern as [[stride, count], ...]."""
+        return [[s, c] for s, c in self.pattern]
+
+    def is_contiguous(self) -> bool:
+        acc = 1
+        for s, c in reversed(self.pattern):
+            if c != 1 and s != acc:
+                return False
+            acc *= c
+        return True
+
+    def __repr__(self) -> str:
+        return (f"NkiTensor({self.alloc.label()}, shape={self.shape}, dtype={self.dtype.name}, "
+                f"buffer={self.buffer.name}, offset={self.offset})")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    # --- views ------------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> "NkiTensor":
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            i = next(j for j, k in enumerate(key) if k is Ellipsis)
+            fill = (slice(None),) * (self.ndim - (len(key) - 1))
+            key = key[:i] + fill + key[i + 1:]
+        if len(key) > self.ndim:
+            raise ConstraintError(f"{here()}: {len(key)} indices for tensor {self.alloc.label()} "
+                                  f"of shape {self.shape}")
+        key = key + (slice(None),) * (self.ndim - len(key))
+        offset, pattern, dims, fixed = self.offset, [], [], list(self._fixed)
+        for dim, (k, (stride, count), (ad, first, step)) in enumerate(zip(key, self.pattern, self._dims)):
+            idx = _as_index(k)
+            if idx is not None:
+                if not 0 <= idx < count:
+                    raise ConstraintError(
+                        f"{here()}: index {idx} out of bounds for dim {dim} of size {count} "
+                        f"of tensor {self.alloc.label()} shape {self.shape}")
+                offset += idx * stride
+                if ad >= 0:
+                    fixed.append((ad, first + idx * step))
+                continue
+            if not isinstance(k, slice):
+                raise ConstraintError(f"{here()}: unsupported index {k!r} on tensor {self.alloc.label()} "
+                                      f"(use ints, slices, nl.ds, or .ap())")
+            start = 0 if k.start is None else int(k.start)
+            stop = count if k.stop is None else int(k.stop)
+            kstep = 1 if k.step is None else int(k.step)
+            if kstep <= 0 or start < 0 or stop > count or start >= stop:
+                raise ConstraintError(
+                    f"{here()}: slice [{start}:{stop}:{kstep}] out of bounds for dim {dim} of size "
+                    f"{count} of tensor {self.alloc.label()} shape {self.shape}")
+            n = (stop - start + kstep - 1) // kstep
+            offset += start * stride
+            pattern.append((stride * kstep, n))
+            dims.append((ad, first + start * step, step * kstep) if ad >= 0 else (-1, 0, 1))
+        return NkiTensor(self.alloc, offset, tuple(pattern), tuple(dims), tuple(fixed))
+
+    def ap(self, pattern: Any, offset: int = 0, scalar_offset: Any = None, vector_offset: Any = None,
+           indirect_dim: int = 0, dtype: Any = None) -> "NkiTensor":
+        """Access-pattern view: ``pattern`` is [[stride, count], ...] (partition pair first on
+        SBUF/PSUM), ``offset`` and ``scalar_offset`` are element offsets from this view's
+        offset ("NKI Access Patterns" page)."""
+        if vector_offset is not None or dtype is not None:
+            raise ConstraintError(f"{here()}: .ap(vector_offset=..., dtype=...) is not simulated")
+        pat = tuple((int(s), int(c)) for s, c in pattern)
+        if any(c <= 0 for _, c in pat):
+            raise ConstraintError(f"{here()}: .ap pattern {list(map(list, pat))} has a count <= 0")
+        off = self.offset + int(offset) + (int(scalar_offset) if scalar_offset is not None else 0)
+        lo = off + sum(min(0, s * (c - 1)) for s, c in pat)
+        hi = off + sum(max(0, s * (c - 1)) for s, c in pat)
+        if lo < 0 or hi >= self.alloc.size:
+            raise ConstraintError(
+                f"{here()}: .ap(pattern={list(map(list, pat))}, offset={off}) reaches elements "
+                f"[{lo}, {hi}] outside tensor {self.alloc.label()} of {self.alloc.size} elements "
+                f"(shape {self.alloc.shape})")
+        return NkiTensor(self.alloc, off, pat)
+
+    def reshape(self, shape: Any) -> "NkiTensor":
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != self.size or not self.is_contiguous():
+            raise ConstraintError(f"{here()}: cannot reshape view of shape {self.shape} "
+                                  f"(contiguous={self.is_contiguous()}) to {shape}")
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= n
+        return NkiTensor(self.alloc, self.offset, tuple(zip(reversed(strides), shape)))
+
+    def permute(self, dims: Any) -> "NkiTensor":
+        dims = tuple(int(d) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise ConstraintError(f"{here()}: permute{dims} is not a permutation of {self.ndim} dims")
+        return NkiTensor(self.alloc, self.offset, tuple(self.pattern[d] for d in dims),
+                         tuple(self._dims[d] for d in dims), self._fixed)
+
+    # --- data access (numerics mode) --------------------------------------------------------
+    def _strided(self, flat: np.ndarray) -> np.ndarray:
+        item = flat.itemsize
+        base = flat[self.offset:] if self.offset else flat
+        return np.lib.stride_tricks.as_strided(
+            base, shape=self.shape, strides=tuple(s * item for s, _ in self.pattern), writeable=True)
+
+    def array(self) -> np.ndarray:
+        """A writable numpy view of the data (numerics mode only)."""
+        return self._strided(self.alloc.data)
+
+    def written_mask(self) -> np.ndarray:
+        return self._strided(self.alloc.written)
+
+    # --- dependency box ---------------------------------------------------------------------
+    def box(self) -> tuple[tuple[int, int], ...]:
+        """Bounding box [lo, hi) per allocation dim of the elements this view touches."""
+        if self._box is None:
+            if all(ad >= 0 for ad, _, _ in self._dims):
+                full = [(0, n) for n in self.alloc.shape]
+                for d, idx in self._fixed:
+                    full[d] = (idx, idx + 1)
+                for (ad, first, step), (_, count) in zip(self._dims, self.pattern):
+                    full[ad] = (first, first + step * (count - 1) + 1)
+                self._box = tuple(full)
+            else:
+                self._box = _box_from_pattern(self.alloc.shape, self.alloc.strides, self.offset, self.pattern)
+        return self._box
+
+
+@lru_cache(maxsize=4096)
+def _box_from_pattern(shape: tuple[int, ...], astrides: tuple[int, ...], offset: int,
+                      pattern: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    total = math.prod(c for _, c in pattern)
+    if total > (1 << 20) or not shape:
+        lo = offset + sum(min(0, s * (c - 1)) for s, c in pattern)
+        hi = offset + sum(max(0, s * (c - 1)) for s, c in pattern)
+        first = astrides[0] if shape else 1
+        return ((lo // first, hi // first + 1),) + tuple((0, n) for n in shape[1:])
+    idx = np.full((1,), offset, dtype=np.int64)
+    for s, c in pattern:
+        idx = (idx[:, None] + np.arange(c, dtype=np.int64)[None, :] * s).ravel()
+    out = []
+    for st, n in zip(astrides, shape):
+        coord = (idx // st) % n
+        out.append((int(coord.min()), int(coord.max()) + 1))
+    return tuple(out)
+
+
+def boxes_overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
+    return all(alo < bhi and blo < ahi for (alo, ahi), (blo, bhi) in zip(a, b))
+
+
+def box_contains(outer: tuple[tuple[int, int], ...], inner: tuple[tuple[int, int], ...]) -> bool:
+    return all(olo <= ilo and ihi <= ohi for (olo, ohi), (ilo, ihi) in zip(outer, inner))

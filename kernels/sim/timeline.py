@@ -1,0 +1,190 @@
+"""The engine timeline: each instruction on its engine, ordered by data dependencies.
+
+Every core (a rank, or one program of a rank under LNC 2) has in-order engines: Tensor,
+Vector, Scalar, GpSimd, a pool of DMA issue queues sharing the core's DMA bandwidth, and
+one collective engine per channel ("CC0", "CC1", ...). An instruction starts when its
+engine is free and every earlier instruction it depends on (read-after-write,
+write-after-read, write-after-write on overlapping boxes of the same allocation) has
+finished; engines run concurrently. Durations come from ``rates``.
+
+Exposed communication of a core is the time during which a collective transfer is in
+flight and no compute engine (Tensor, Vector, Scalar, GpSimd) is busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import rates
+from .tensor import NkiTensor, box_contains, boxes_overlap
+
+COMPUTE_ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One scheduled instruction of one core."""
+
+    op: str
+    name: str | None
+    engine: str
+    start_s: float
+    end_s: float
+
+
+class _Access:
+    __slots__ = ("box", "write", "end")
+
+    def __init__(self, box: tuple[tuple[int, int], ...], write: bool, end: float) -> None:
+        self.box, self.write, self.end = box, write, end
+
+
+class CoreTimeline:
+    """Clock of one core: engine availability, dependency tracking, busy time, intervals."""
+
+    def __init__(self, rank: int, program: int = 0, keep_instructions: bool = True) -> None:
+        self.rank = rank
+        self.program = program
+        self.engine_free: dict[str, float] = {}
+        self.busy: dict[str, float] = {}
+        self.intervals: dict[str, list[tuple[float, float]]] = {}
+        self.instructions: list[Instruction] | None = [] if keep_instructions else None
+        self.counts: dict[str, int] = {}
+        self._access: dict[int, list[_Access]] = {}
+        self._dma_queue_free = [0.0] * rates.DMA_QUEUES
+        self._dma_next = 0
+        self._dma_bw_free = 0.0
+        self.end_s = 0.0
+
+    # --- dependencies -----------------------------------------------------------------------
+    def ready(self, reads: list[NkiTensor], writes: list[NkiTensor]) -> float:
+        """Earliest start allowed by data dependencies on earlier instructions."""
+        t = 0.0
+        for v, is_write in [(r, False) for r in reads] + [(w, True) for w in writes]:
+            entries = self._access.get(v.alloc.id)
+            if not entries:
+                continue
+            box = v.box()
+            for e in entries:
+                if (is_write or e.write) and e.end > t and boxes_overlap(box, e.box):
+                    t = e.end
+        return t
+
+    def record(self, reads: list[NkiTensor], writes: list[NkiTensor], read_end: float, write_end: float) -> None:
+        for v in writes:
+            box = v.box()
+            entries = self._access.setdefault(v.alloc.id, [])
+            entries[:] = [e for e in entries if not box_contains(box, e.box)]
+            entries.append(_Access(box, True, write_end))
+        for v in reads:
+            box = v.box()
+            entries = self._access.setdefault(v.alloc.id, [])
+            for e in entries:
+                if not e.write and e.box == box:
+                    e.end = max(e.end, read_end)
+                    break
+            else:
+                entries.append(_Access(box, False, read_end))
+
+    def forget(self, alloc_id: int) -> None:
+        self._access.pop(alloc_id, None)
+
+    # --- engines ----------------------------------------------------------------------------
+    def occupy(self, engine: str, start: float, end: float, op: str, name: str | None) -> None:
+        self.engine_free[engine] = max(self.engine_free.get(engine, 0.0), end)
+        self.busy[engine] = self.busy.get(engine, 0.0) + (end - start)
+        self.intervals.setdefault(engine, []).append((start, end))
+        self.counts[engine] = self.counts.get(engine, 0) + 1
+        self.end_s = max(self.end_s, end)
+        if self.instructions is not None:
+            self.instructions.append(Instruction(op, name, engine, start, end))
+
+    def run(self, engine: str, duration: float, ready: float, op: str, name: str | None) -> tuple[float, float]:
+        """An in-order engine instruction: starts at max(ready, engine free)."""
+        start = max(ready, self.engine_free.get(engine, 0.0))
+        end = start + duration
+        self.occupy(engine, start, end, op, name)
+        return start, end
+
+    def dma(self, nbytes: int, ready: float, op: str, name: str | None) -> tuple[float, float]:
+        """A DMA: 0.6 us descriptor generation on an issue queue, 1.3 us semaphore-to-start,
+        then bytes / 368 GB/s on the core's shared DMA bandwidth (DESIGN section 7)."""
+        q = self._dma_next
+        self._dma_next = (q + 1) % len(self._dma_queue_free)
+        t0 = max(ready, self._dma_queue_free[q])
+        self._dma_queue_free[q] = t0 + rates.DMA_DESCRIPTOR_S
+        data_start = max(t0 + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S, self._dma_bw_free)
+        end = data_start + rates.dma_transfer_seconds(nbytes)
+        self._dma_bw_free = end
+        self.occupy("DMA", data_start, end, op, name)
+        return t0, end
+
+    # --- reporting --------------------------------------------------------------------------
+    def exposed_comm_s(self) -> float:
+        comm = _union([iv for e, ivs in self.intervals.items() if e.startswith("CC") for iv in ivs])
+        compute = _union([iv for e in COMPUTE_ENGINES for iv in self.intervals.get(e, [])])
+        return _measure(comm) - _measure(_intersect(comm, compute))
+
+
+def _union(ivs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(ivs):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _measure(ivs: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in ivs)
+
+
+@dataclass
+class Timeline:
+    """Result of a run: kernel time, busy time per engine and exposed communication.
+
+    ``total_s`` is the latest instruction end over all cores (the kernel starts at 0);
+    ``busy_s`` and ``exposed_comm_s`` are the maximum over cores (the critical core of a
+    symmetric kernel); ``cores`` keeps every core's own clock.
+    """
+
+    total_s: float
+    busy_s: dict[str, float]
+    exposed_comm_s: float
+    cores: list[CoreTimeline] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def from_cores(cls, cores: list[CoreTimeline]) -> "Timeline":
+        busy: dict[str, float] = {}
+        for c in cores:
+            for e, b in c.busy.items():
+                busy[e] = max(busy.get(e, 0.0), b)
+        total = max((c.end_s for c in cores), default=0.0)
+        exposed = max((c.exposed_comm_s() for c in cores), default=0.0)
+        return cls(total, dict(sorted(busy.items())), exposed, cores)
+
+    def summary(self) -> str:
+        lines = [f"kernel time        {self.total_s * 1e6:12.3f} us  ({len(self.cores)} cores)",
+                 f"exposed comm       {self.exposed_comm_s * 1e6:12.3f} us"]
+        for e, b in self.busy_s.items():
+            n = max(c.counts.get(e, 0) for c in self.cores) if self.cores else 0
+            share = b / self.total_s if self.total_s else 0.0
+            lines.append(f"busy {e:<13} {b * 1e6:12.3f} us  {share:6.1%}  ({n} instr)")
+        return "\n".join(lines)
