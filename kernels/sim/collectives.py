@@ -34,7 +34,7 @@ from . import language as nl
 from .errors import ConstraintError, SimulatorError
 from .language import NKIObject
 from .rendezvous import Deposit
-from .state import current
+from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
 
 
@@ -68,7 +68,7 @@ class ReplicaGroup(NKIObject):
 
 
 def _ctx(op: str) -> Any:
-    ctx = current()
+    ctx = _current()
     if ctx is None:
         raise SimulatorError(f"ncc.{op} called outside a simulated kernel (use nki.simulate or run_ranks)")
     return ctx

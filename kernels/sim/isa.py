@@ -23,7 +23,7 @@ from . import checks, rates
 from . import language as nl
 from .errors import ConstraintError, SimulatorError
 from .language import NKIObject
-from .state import current
+from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
 
 
@@ -102,7 +102,7 @@ _ENGINE_NAMES = {engine.vector: "Vector", engine.scalar: "Scalar", engine.gpsimd
 
 
 def _ctx(op: str) -> Any:
-    ctx = current()
+    ctx = _current()
     if ctx is None:
         raise SimulatorError(f"nisa.{op} called outside a simulated kernel (use nki.simulate or run_ranks)")
     return ctx

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import rates
 from .errors import ConstraintError, SimulatorError
-from .state import current
+from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
 
 # --- dtypes (numpy / ml_dtypes); tfloat32 is simulated as float32 -------------------------
@@ -68,7 +68,7 @@ tile_size = _TileSize()
 
 
 def _ctx(op: str) -> Any:
-    ctx = current()
+    ctx = _current()
     if ctx is None:
         raise SimulatorError(f"nl.{op} called outside a simulated kernel (use nki.simulate or run_ranks)")
     return ctx
