@@ -1,0 +1,116 @@
+"""Typed look-ups in a parsed TOML table that fail with ``InputError(file, key, rule)``.
+
+Shared by the target and workload loaders so that every malformed file is reported the
+same way: the file, the dotted key, and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from trnopt.optimizer.errors import InputError
+
+_MISSING = object()
+
+
+def read_toml(path: Path | str, text: str | None = None) -> dict[str, Any]:
+    """Parse a TOML file (or ``text`` attributed to ``path``); syntax errors become InputError."""
+    try:
+        if text is None:
+            text = Path(path).read_text(encoding="utf-8")
+        return tomllib.loads(text)
+    except FileNotFoundError:
+        raise InputError(path, "-", "file not found") from None
+    except UnicodeDecodeError:
+        raise InputError(path, "-", "not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(path, "-", f"not valid TOML ({exc})") from None
+
+
+class Table:
+    """A TOML table that knows its file and its dotted path, for error messages."""
+
+    def __init__(self, data: Any, source: str, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise InputError(source, prefix or "-", "must be a table")
+        self.data, self.source, self.prefix = data, str(source), prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def fail(self, name: str, rule: str) -> InputError:
+        return InputError(self.source, self.key(name), rule)
+
+    def has(self, name: str) -> bool:
+        return name in self.data
+
+    def _get(self, name: str, default: Any) -> Any:
+        if name in self.data:
+            return self.data[name]
+        if default is _MISSING:
+            raise self.fail(name, "missing required key")
+        return default
+
+    def str(self, name: str, default: Any = _MISSING) -> str:
+        value = self._get(name, default)
+        if not isinstance(value, str):
+            raise self.fail(name, f"must be a string, got {type(value).__name__}")
+        return value
+
+    def bool(self, name: str, default: Any = _MISSING) -> bool:
+        value = self._get(name, default)
+        if not isinstance(value, bool):
+            raise self.fail(name, f"must be true or false, got {value!r}")
+        return value
+
+    def int(self, name: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        value = self._get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(name, f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise self.fail(name, f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(self, name: str, default: Any = _MISSING, positive: bool = True) -> float:
+        value = self._get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(name, f"must be a number, got {value!r}")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise self.fail(name, "must be finite")
+        if positive and value <= 0:
+            raise self.fail(name, f"must be > 0, got {value:g}")
+        if not positive and value < 0:
+            raise self.fail(name, f"must be >= 0, got {value:g}")
+        return value
+
+    def fraction(self, name: str, default: Any = _MISSING) -> float:
+        value = self.number(name, default, positive=False)
+        if value > 1:
+            raise self.fail(name, f"must be between 0 and 1, got {value:g}")
+        return value
+
+    def int_list(self, name: str, default: Any = _MISSING) -> tuple[int, ...]:
+        value = self._get(name, default)
+        if not isinstance(value, list) or not value or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+        ):
+            raise self.fail(name, f"must be a non-empty list of positive integers, got {value!r}")
+        return tuple(value)
+
+    def table(self, name: str, default: Any = _MISSING) -> "Table":
+        return Table(self._get(name, default), self.source, self.key(name))
+
+    def tables(self, name: str) -> list["Table"]:
+        value = self._get(name, _MISSING)
+        if not isinstance(value, list) or not value:
+            raise self.fail(name, "must be a non-empty array of tables ([[...]])")
+        return [Table(v, self.source, f"{self.key(name)}[{i}]") for i, v in enumerate(value)]
+
+    def choice(self, name: str, allowed: tuple[str, ...], default: Any = _MISSING) -> str:
+        value = self.str(name, default)
+        if value not in allowed:
+            raise self.fail(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+        return value
