@@ -255,9 +255,11 @@ class NkiTensor:
     # --- data access (numerics mode) --------------------------------------------------------
     def _strided(self, flat: np.ndarray) -> np.ndarray:
         item = flat.itemsize
-        base = flat[self.offset:] if self.offset else flat
-        return np.lib.stride_tricks.as_strided(
+        raw = flat if flat.dtype.isbuiltin == 1 else flat.view(f"u{item}")  # ml_dtypes: via uint
+        base = raw[self.offset:] if self.offset else raw
+        out = np.lib.stride_tricks.as_strided(
             base, shape=self.shape, strides=tuple(s * item for s, _ in self.pattern), writeable=True)
+        return out if raw is flat else out.view(flat.dtype)
 
     def array(self) -> np.ndarray:
         """A writable numpy view of the data (numerics mode only)."""
