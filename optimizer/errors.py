@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 
+def one_line(text: object) -> str:
+    """``text`` with every non-printable character (newline, tab, ...) written as its escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 class InputError(Exception):
     """A target, workload or layout file (or a flag) breaks a rule.
 
-    The message is one line: ``FILE: KEY: RULE``. The CLI prints it and exits 2.
+    The message is one line: ``FILE: KEY: RULE``. The CLI prints it and exits 2. Line
+    breaks inside any part (a quoted TOML key, a file name) are escaped so that the
+    message stays on one line.
     """
 
     def __init__(self, source: str, key: str, rule: str):
-        self.source, self.key, self.rule = str(source), key, rule
-        super().__init__(f"{self.source}: {key}: {rule}")
+        self.source, self.key, self.rule = one_line(source), one_line(key), one_line(rule)
+        super().__init__(f"{self.source}: {self.key}: {self.rule}")
 
 
 class InfeasibleError(Exception):

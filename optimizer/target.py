@@ -141,7 +141,11 @@ def load_target(name_or_path: str) -> Target:
 
 
 def parse_target(data: dict, source: str) -> Target:
-    """Validate a parsed target file; every broken rule names the file and the key."""
+    """Validate a parsed target file; every broken rule names the file and the key.
+
+    Units in the file: GiB for memory, GB/s for bandwidths (GB = 1e9 B), Gbps per instance
+    for the scale-out network, TFLOPS, microseconds, hours, minutes. Unknown keys are errors.
+    """
     root = Table(data, source)
     chip_t = root.table("chip")
     cores = chip_t.int("physical_cores")
@@ -153,21 +157,21 @@ def parse_target(data: dict, source: str) -> Target:
     if lnc_default not in lnc_allowed:
         raise chip_t.fail("lnc_default", f"{lnc_default} is not in lnc_allowed {list(lnc_allowed)}")
     chip = Chip(
-        name=chip_t.str("name"),
+        name=chip_t.str("name", nonempty=True),
         physical_cores=cores,
         lnc_default=lnc_default,
         lnc_allowed=lnc_allowed,
-        hbm_bytes=chip_t.number("hbm_gib") * GIB,
-        hbm_bandwidth=chip_t.number("hbm_bandwidth_gbs") * GB,
-        bf16_flops=chip_t.number("bf16_tflops") * 1e12,
-        fp8_flops=chip_t.number("fp8_tflops") * 1e12,
+        hbm_bytes=_scaled(chip_t, "hbm_gib", GIB),
+        hbm_bandwidth=_scaled(chip_t, "hbm_bandwidth_gbs", GB),
+        bf16_flops=_scaled(chip_t, "bf16_tflops", 1e12),
+        fp8_flops=_scaled(chip_t, "fp8_tflops", 1e12),
         sbuf_bytes_per_partition=chip_t.int("sbuf_kib_per_partition") * 1024,
-        on_chip_bandwidth=chip_t.number("on_chip_bandwidth_gbs") * GB,
+        on_chip_bandwidth=_scaled(chip_t, "on_chip_bandwidth_gbs", GB),
     )
     axes = []
     for t in root.tables("axes"):
-        axes.append(Axis(t.str("name"), t.int("size"), t.choice("kind", DOMAIN_AXIS_KINDS),
-                         t.number("bandwidth_gbs") * GB, t.number("latency_us", positive=False) * 1e-6))
+        axes.append(Axis(t.str("name", nonempty=True), t.int("size"), t.choice("kind", DOMAIN_AXIS_KINDS),
+                         _scaled(t, "bandwidth_gbs", GB), _scaled(t, "latency_us", 1e-6, positive=False)))
     names = [a.name for a in axes]
     if len(set(names)) != len(names) or {"core"} & set(names):
         raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
@@ -179,13 +183,16 @@ def parse_target(data: dict, source: str) -> Target:
     if "chips_per_domain" in data and root.int("chips_per_domain") != chips_per_domain:
         raise root.fail("chips_per_domain", f"{data['chips_per_domain']} but the axes multiply to {chips_per_domain}")
     net = root.table("scale_out")
-    scale_out = Axis(net.str("name"), 1, "scale_out",
-                     net.number("bandwidth_gbps_per_instance") * GB / 8 / per_instance,
-                     net.number("latency_us", positive=False) * 1e-6)
+    net_name = net.str("name", nonempty=True)
+    if net_name in names or net_name == "core":
+        raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
+    scale_out = Axis(net_name, 1, "scale_out",
+                     _scaled(net, "bandwidth_gbps_per_instance", GB / 8) / per_instance,
+                     _scaled(net, "latency_us", 1e-6, positive=False))
     rel = root.table("reliability")
     eff = root.table("efficiency")
-    return Target(
-        name=root.str("name"),
+    target = Target(
+        name=root.str("name", nonempty=True),
         description=root.str("description"),
         source=source,
         instance=root.str("instance"),
@@ -193,12 +200,22 @@ def parse_target(data: dict, source: str) -> Target:
         chip=chip,
         domain_axes=tuple(axes),
         scale_out=scale_out,
-        reliability=Reliability(rel.number("instance_mtbf_hours") * 3600,
-                                rel.number("checkpoint_gbs_per_instance") * GB,
-                                rel.number("restart_minutes", positive=False) * 60),
+        reliability=Reliability(_scaled(rel, "instance_mtbf_hours", 3600),
+                                _scaled(rel, "checkpoint_gbs_per_instance", GB),
+                                _scaled(rel, "restart_minutes", 60, positive=False)),
         efficiency=Efficiency(_share(eff, "max_matmul"), eff.number("half_width")),
-        runtime_reserve_bytes=root.number("runtime_reserve_gib", positive=False) * GIB,
+        runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, positive=False),
     )
+    root.check_unknown()
+    return target
+
+
+def _scaled(table: Table, name: str, unit: float, positive: bool = True) -> float:
+    """``table[name] * unit`` (file units to SI), refused when the product overflows to infinity."""
+    value = table.number(name, positive=positive) * unit
+    if not math.isfinite(value):
+        raise table.fail(name, "too large")
+    return value
 
 
 def _share(table: Table, name: str) -> float:

@@ -1,7 +1,9 @@
 """Typed look-ups in a parsed TOML table that fail with ``InputError(file, key, rule)``.
 
 Shared by the target and workload loaders so that every malformed file is reported the
-same way: the file, the dotted key, and the rule it breaks.
+same way: the file, the dotted key, and the rule it breaks. A loader reads every key it
+knows through a ``Table`` and then calls ``check_unknown()``, so that a misspelt optional
+key (``kv_head`` for ``kv_heads``) is an error rather than a silent default.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from trnopt.optimizer.errors import InputError
 
 _MISSING = object()
+MAX_INT = 2**40  # sanity bound on every integer key: no size, count or width of a real machine or model is near it
 
 
 def read_toml(path: Path | str, text: str | None = None) -> dict[str, Any]:
@@ -23,10 +26,16 @@ def read_toml(path: Path | str, text: str | None = None) -> dict[str, Any]:
         return tomllib.loads(text)
     except FileNotFoundError:
         raise InputError(path, "-", "file not found") from None
+    except IsADirectoryError:
+        raise InputError(path, "-", "is a directory, not a TOML file") from None
     except UnicodeDecodeError:
         raise InputError(path, "-", "not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(path, "-", f"not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise InputError(path, "-", f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # e.g. a NUL character in the path
+        raise InputError(path, "-", f"not a usable path ({exc})") from None
 
 
 class Table:
@@ -36,6 +45,8 @@ class Table:
         if not isinstance(data, dict):
             raise InputError(source, prefix or "-", "must be a table")
         self.data, self.source, self.prefix = data, str(source), prefix
+        self._known: set[str] = set()  # keys the loader asked for, present or not
+        self._children: list[Table] = []
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
@@ -44,19 +55,31 @@ class Table:
         return InputError(self.source, self.key(name), rule)
 
     def has(self, name: str) -> bool:
+        self._known.add(name)
         return name in self.data
 
+    def check_unknown(self) -> None:
+        """Fail on the first key of this table (or of a sub-table read through it) that no loader asked for."""
+        for name in self.data:
+            if name not in self._known:
+                raise self.fail(name, f"unknown key; this table takes {', '.join(sorted(self._known))}")
+        for child in self._children:
+            child.check_unknown()
+
     def _get(self, name: str, default: Any) -> Any:
+        self._known.add(name)
         if name in self.data:
             return self.data[name]
         if default is _MISSING:
             raise self.fail(name, "missing required key")
         return default
 
-    def str(self, name: str, default: Any = _MISSING) -> str:
+    def str(self, name: str, default: Any = _MISSING, nonempty: bool = False) -> str:
         value = self._get(name, default)
         if not isinstance(value, str):
             raise self.fail(name, f"must be a string, got {type(value).__name__}")
+        if nonempty and not value.strip():
+            raise self.fail(name, "must not be empty")
         return value
 
     def bool(self, name: str, default: Any = _MISSING) -> bool:
@@ -71,13 +94,18 @@ class Table:
             raise self.fail(name, f"must be an integer, got {value!r}")
         if value < minimum:
             raise self.fail(name, f"must be >= {minimum}, got {value}")
+        if value > MAX_INT:
+            raise self.fail(name, f"must be <= 2^40, got {value}")
         return value
 
     def number(self, name: str, default: Any = _MISSING, positive: bool = True) -> float:
         value = self._get(name, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(name, f"must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer too large for a float
+            raise self.fail(name, "must be finite") from None
         if value != value or value in (float("inf"), float("-inf")):
             raise self.fail(name, "must be finite")
         if positive and value <= 0:
@@ -95,19 +123,25 @@ class Table:
     def int_list(self, name: str, default: Any = _MISSING) -> tuple[int, ...]:
         value = self._get(name, default)
         if not isinstance(value, list) or not value or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_INT for v in value
         ):
             raise self.fail(name, f"must be a non-empty list of positive integers, got {value!r}")
+        if len(set(value)) != len(value):
+            raise self.fail(name, f"must not repeat a value, got {value!r}")
         return tuple(value)
 
     def table(self, name: str, default: Any = _MISSING) -> "Table":
-        return Table(self._get(name, default), self.source, self.key(name))
+        child = Table(self._get(name, default), self.source, self.key(name))
+        self._children.append(child)
+        return child
 
     def tables(self, name: str) -> list["Table"]:
         value = self._get(name, _MISSING)
         if not isinstance(value, list) or not value:
             raise self.fail(name, "must be a non-empty array of tables ([[...]])")
-        return [Table(v, self.source, f"{self.key(name)}[{i}]") for i, v in enumerate(value)]
+        children = [Table(v, self.source, f"{self.key(name)}[{i}]") for i, v in enumerate(value)]
+        self._children.extend(children)
+        return children
 
     def choice(self, name: str, allowed: tuple[str, ...], default: Any = _MISSING) -> str:
         value = self.str(name, default)

@@ -54,7 +54,7 @@ class Model:
     learned_positions: int
     moe: Moe | None
     mla: Mla | None
-    published_params: float
+    published_params: float  # the source's total, for tests and reports; 0 when not published
     published_active_params: float
 
     # -- parameter counts -------------------------------------------------------------
@@ -104,6 +104,32 @@ class Model:
             total += self.moe_layers * ((experts_counted + self.moe.shared_experts) * per_expert
                                         + h * self.moe.experts)
         return total
+
+    def param_breakdown(self, active: bool = False) -> dict[str, int]:
+        """Parameters by part; the values sum to ``total_params()`` (or ``active_params()``).
+
+        attention: every layer's attention projections (MLA: with its latent norms);
+        norms: two per layer (pre-attention, pre-FFN); dense_ffn: the dense FFNs;
+        routed_experts: all routed experts (only the top-k with ``active``);
+        shared_experts, routers: the MoE layers' shared experts and gating matrices;
+        embeddings: input embedding, output head unless tied, learned positions, final norm.
+        """
+        h, moe = self.hidden, self.moe
+        routed = shared = routers = 0
+        if moe is not None:
+            per_expert = self.mlp_params(moe.expert_ffn)
+            routed = self.moe_layers * (moe.top_k if active else moe.experts) * per_expert
+            shared = self.moe_layers * moe.shared_experts * per_expert
+            routers = self.moe_layers * h * moe.experts
+        return {
+            "attention": self.layers * self.attention_params(),
+            "norms": self.layers * 2 * h,
+            "dense_ffn": self.dense_layers * self.mlp_params(self.ffn),
+            "routed_experts": routed,
+            "shared_experts": shared,
+            "routers": routers,
+            "embeddings": self.embedding_params(),
+        }
 
     def total_params(self) -> int:
         """Every weight: layers (attention, norms, dense FFNs, all experts, routers) + embeddings."""
@@ -186,7 +212,13 @@ def load_model(name_or_path: str) -> Model:
 
 
 def parse_model(data: dict, source: str) -> Model:
-    """Validate a parsed model file; every broken rule names the file and the key."""
+    """Validate a parsed model file; every broken rule names the file and the key.
+
+    Required: name, layers, hidden, heads, vocab, and ffn unless every layer is MoE.
+    ``source`` (the citation) and ``published_params_b`` (the published total, in
+    billions; 0 = not published) are optional for a user's file; every preset states both.
+    Unknown keys are errors.
+    """
     t = Table(data, source)
     hidden, heads = t.int("hidden"), t.int("heads")
     kv_heads = t.int("kv_heads", heads)
@@ -209,9 +241,10 @@ def parse_model(data: dict, source: str) -> Model:
         mla = Mla(*(m.int(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                        "qk_rope_head_dim", "v_head_dim")))
     needs_dense = moe is None or moe.dense_layers > 0
+    published = t.number("published_params_b", 0, positive=False)
     model = Model(
-        name=t.str("name"),
-        source=t.str("source"),
+        name=t.str("name", nonempty=True),
+        source=t.str("source", "not stated"),
         layers=layers,
         hidden=hidden,
         heads=heads,
@@ -224,7 +257,11 @@ def parse_model(data: dict, source: str) -> Model:
         learned_positions=t.int("learned_positions", 0, minimum=0),
         moe=moe,
         mla=mla,
-        published_params=t.number("published_params_b") * 1e9,
-        published_active_params=t.number("published_active_params_b", t.data.get("published_params_b", 1)) * 1e9,
+        published_params=published * 1e9,
+        published_active_params=t.number("published_active_params_b", published, positive=False) * 1e9,
     )
+    if 0 < model.published_params < model.published_active_params:
+        raise t.fail("published_active_params_b", f"{model.published_active_params / 1e9:g} exceeds "
+                     f"published_params_b={published:g}")
+    t.check_unknown()
     return model
