@@ -1,0 +1,213 @@
+"""Every constraint check, each triggered once by a kernel that breaks it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trnopt.kernels.nki_api import nki, ncc, nisa, nl
+from trnopt.kernels.sim import ConstraintError, UninitializedReadError, rates, run_ranks
+
+F32 = np.float32
+
+
+def sim(kernel, *args, sbuf_bytes_per_partition=None, **kernel_kwargs):
+    return run_ranks(kernel, [args], sbuf_bytes_per_partition=sbuf_bytes_per_partition, kwargs=kernel_kwargs)
+
+
+@nki.jit
+def partition_over_128():
+    nl.ndarray((256, 4), dtype=nl.float32, buffer=nl.sbuf)
+
+
+@nki.jit
+def matmul_shapes(k, m, n):
+    st = nl.zeros((k, m), dtype=nl.bfloat16, buffer=nl.sbuf)
+    mv = nl.zeros((k, n), dtype=nl.bfloat16, buffer=nl.sbuf)
+    ps = nl.ndarray((min(m, 128), n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, name="mm")
+
+
+@nki.jit
+def psum_nine_banks():
+    tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
+    nisa.memset(dst=tiles[0], value=0.0)
+
+
+@nki.jit
+def sbuf_two_big_tiles():
+    a = nl.ndarray((128, 60000), dtype=nl.bfloat16, buffer=nl.sbuf, name="a")
+    b = nl.ndarray((128, 60000), dtype=nl.bfloat16, buffer=nl.sbuf, name="b")
+    nisa.memset(dst=a, value=0.0)
+    nisa.memset(dst=b, value=0.0)
+
+
+@nki.jit
+def sbuf_reuse_in_loop():
+    """One 120 KB tile per iteration: the previous one is freed when rebound."""
+    for _ in range(4):
+        a = nl.ndarray((128, 60000), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.memset(dst=a, value=0.0)
+
+
+@nki.jit
+def matmul_placement(where):
+    st = nl.zeros((64, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    mv = nl.zeros((64, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    ps = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)
+    if where == "stationary_in_psum":
+        st = nl.zeros((64, 64), dtype=nl.bfloat16, buffer=nl.psum)
+    if where == "dst_in_sbuf":
+        ps = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+
+
+@nki.jit
+def dma_from_psum():
+    ps = nl.zeros((64, 64), dtype=nl.float32, buffer=nl.psum)
+    out = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=ps)
+    return out
+
+
+@nki.jit
+def dma_dtype_mismatch(x):
+    sb = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=x)
+
+
+@nki.jit
+def matmul_dtype_mismatch():
+    st = nl.zeros((64, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    mv = nl.zeros((64, 64), dtype=nl.float32, buffer=nl.sbuf)
+    ps = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+
+
+@nki.jit
+def oob_slice(x):
+    sb = nl.ndarray((128, 4), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=x[200:328, :])
+
+
+@nki.jit
+def oob_ap(x):
+    sb = nl.ndarray((128, 4), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=x.ap(pattern=[[4, 128], [1, 4]], offset=4 * 200))
+
+
+@nki.jit
+def output_in_private_hbm(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.private_hbm)
+    nisa.dma_copy(dst=out, src=x)
+    return out
+
+
+@nki.jit
+def collective_on_input(x):
+    g = ncc.ReplicaGroup([[0, 1]])
+    dst = nl.ndarray((2 * x.shape[0], x.shape[1]), dtype=x.dtype, buffer=nl.private_hbm)
+    ncc.all_gather(srcs=[x], dsts=[dst], replica_group=g, collective_dim=0)
+
+
+@nki.jit
+def collective_into_output(x):
+    g = ncc.ReplicaGroup([[0, 1]])
+    src = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.private_hbm)
+    nisa.dma_copy(dst=src, src=x)
+    out = nl.ndarray((2 * x.shape[0], x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    ncc.all_gather(srcs=[src], dsts=[out], replica_group=g, collective_dim=0, name="ag")
+    return out
+
+
+@nki.jit
+def read_unwritten():
+    sb = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.sbuf, name="fresh")
+    out = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=sb, name="load")
+    return out
+
+
+def test_partition_dim_over_128() -> None:
+    with pytest.raises(ConstraintError, match=r"rank 0, nl.ndarray: partition dimension 256 > 128"):
+        sim(partition_over_128)
+
+
+def test_matmul_stationary_free_over_128() -> None:
+    with pytest.raises(ConstraintError, match=r"nc_matmul\(name='mm'\): matmul stationary free size 256 > 128"):
+        sim(matmul_shapes, k=128, m=256, n=64)
+
+
+def test_matmul_moving_free_over_512() -> None:
+    with pytest.raises(ConstraintError, match=r"matmul moving free size 1024 > 512"):
+        sim(matmul_shapes, k=128, m=128, n=1024)
+
+
+def test_matmul_contraction_over_128() -> None:
+    with pytest.raises(ConstraintError, match=r"partition dimension 256 > 128"):
+        sim(matmul_shapes, k=256, m=64, n=64)
+
+
+def test_psum_over_8_banks() -> None:
+    with pytest.raises(ConstraintError, match=r"memset: PSUM over capacity: live tensors need 9 banks of 2048"):
+        sim(psum_nine_banks)
+
+
+def test_sbuf_over_224_kib_and_trn3_figure() -> None:
+    with pytest.raises(ConstraintError, match=r"SBUF over capacity: .* 240000 bytes per partition > 229376 \(224 KiB\)"):
+        sim(sbuf_two_big_tiles)
+    sim(sbuf_two_big_tiles, sbuf_bytes_per_partition=rates.SBUF_BYTES_PER_PARTITION["trn3"])
+    sim(sbuf_reuse_in_loop)
+
+
+@pytest.mark.parametrize("where, msg", [("stationary_in_psum", "matmul stationary must be in sbuf"),
+                                        ("dst_in_sbuf", r"matmul result \(dst\) must be in psum")])
+def test_matmul_placement(where: str, msg: str) -> None:
+    with pytest.raises(ConstraintError, match=msg):
+        sim(matmul_placement, where=where)
+
+
+def test_dma_from_psum() -> None:
+    with pytest.raises(ConstraintError, match="DMA cannot read PSUM"):
+        sim(dma_from_psum)
+
+
+def test_dtype_mismatches() -> None:
+    with pytest.raises(ConstraintError, match="dtype mismatch: dst is bfloat16, src is float32"):
+        sim(dma_dtype_mismatch, np.zeros((4, 4), F32))
+    with pytest.raises(ConstraintError, match="dtype mismatch: matmul stationary is bfloat16, moving is float32"):
+        sim(matmul_dtype_mismatch)
+
+
+def test_out_of_bounds_slice_and_access_pattern() -> None:
+    x = np.zeros((256, 4), F32)
+    with pytest.raises(ConstraintError, match=r"slice \[200:328:1\] out of bounds for dim 0 of size 256"):
+        sim(oob_slice, x)
+    with pytest.raises(ConstraintError, match=r"\.ap\(pattern=\[\[4, 128\], \[1, 4\]\], offset=800\) reaches"):
+        sim(oob_ap, x)
+
+
+def test_output_not_in_shared_hbm() -> None:
+    with pytest.raises(ConstraintError, match="kernel outputs must be allocated with buffer=nl.shared_hbm"):
+        sim(output_in_private_hbm, np.zeros((4, 4), F32))
+
+
+def test_collective_on_kernel_input_or_output() -> None:
+    xs = [(np.zeros((2, 2), F32),)] * 2
+    with pytest.raises(ConstraintError, match="collective uses the kernel's own input tensor 'arg0'"):
+        run_ranks(collective_on_input, xs)
+    with pytest.raises(ConstraintError, match=r"kernel output .* is used by collective all_gather\(name='ag'\)"):
+        run_ranks(collective_into_output, xs)
+
+
+def test_uninitialized_read() -> None:
+    with pytest.raises(UninitializedReadError, match=r"rank 0, dma_copy\(name='load'\): src reads 64 of 64 elements "
+                                                     r"of tensor 'fresh'"):
+        sim(read_unwritten)
+
+
+def test_checks_run_without_numerics() -> None:
+    with pytest.raises(ConstraintError, match="PSUM over capacity"):
+        run_ranks(psum_nine_banks, [()], numerics=False)
+    with pytest.raises(ConstraintError, match="matmul moving free size 1024 > 512"):
+        run_ranks(matmul_shapes, [()], numerics=False, kwargs=dict(k=128, m=128, n=1024))

@@ -1,0 +1,145 @@
+"""Timeline sanity: documented durations, dependency order, concurrent engines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trnopt.kernels.nki_api import nki, ncc, nisa, nl
+from trnopt.kernels.sim import LinkModel, rates, run_ranks
+
+
+def instrs(res, op, rank=0):
+    return [i for i in res.timeline.cores[rank].instructions if i.op == op]
+
+
+@nki.jit
+def one_matmul(m, n):
+    st = nl.ndarray((128, m), dtype=nl.bfloat16, buffer=nl.sbuf)
+    mv = nl.ndarray((128, n), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=st, value=1.0)
+    nisa.memset(dst=mv, value=1.0)
+    ps = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+
+
+@pytest.mark.parametrize("m, n, cycles", [(128, 512, 512), (32, 16, 32), (128, 32, 64), (8, 4, 8)])
+def test_matmul_alone_takes_documented_cycles(m: int, n: int, cycles: int) -> None:
+    res = run_ranks(one_matmul, [()], kwargs=dict(m=m, n=n))
+    (mm,) = instrs(res, "nc_matmul")
+    assert mm.end_s - mm.start_s == pytest.approx(cycles / 2.4e9)
+    assert res.timeline.busy_s["Tensor"] == pytest.approx(cycles / 2.4e9)
+    # it waits for its operands (memsets on the Vector engine)
+    assert mm.start_s >= max(i.end_s for i in instrs(res, "memset")) - 1e-15
+
+
+@nki.jit
+def one_dma(x):
+    sb = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=x)
+
+
+def test_dma_alone_takes_fixed_costs_plus_bytes_over_bandwidth() -> None:
+    x = np.zeros((128, 1024), np.float32)
+    res = run_ranks(one_dma, [(x,)])
+    expected = rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S + x.nbytes / 368e9
+    assert res.timeline.total_s == pytest.approx(expected)
+    assert res.timeline.busy_s["DMA"] == pytest.approx(x.nbytes / 368e9)
+
+
+@nki.jit
+def one_permute(x, with_matmul=False):
+    g = ncc.ReplicaGroup([[0, 1]])
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=a, value=0.0)
+    if with_matmul:
+        st = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        mv = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.memset(dst=st, value=1.0)
+        nisa.memset(dst=mv, value=1.0)
+        for _ in range(8):
+            ps = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+    ncc.collective_permute_implicit(srcs_by_channel=[[a]], dsts_by_channel=[[b]], replica_group=g)
+
+
+LINK = LinkModel(bandwidth_Bps=100e9, latency_s=2e-6)
+
+
+def test_transfer_alone_takes_bytes_over_bandwidth_plus_latency() -> None:
+    x = np.zeros((128, 2048), np.float32)
+    res = run_ranks(one_permute, [(x,), (x,)], link=LINK)
+    (cp,) = instrs(res, "collective_permute_implicit")
+    assert cp.engine == "CC0"
+    assert cp.end_s - cp.start_s == pytest.approx(x.nbytes / 100e9 + 2e-6)
+    assert res.timeline.exposed_comm_s == pytest.approx(x.nbytes / 100e9 + 2e-6)
+
+
+def test_independent_matmul_and_transfer_overlap() -> None:
+    x = np.zeros((128, 2048), np.float32)
+    res = run_ranks(one_permute, [(x,), (x,)], link=LINK, kwargs=dict(with_matmul=True))
+    (cp,) = instrs(res, "collective_permute_implicit")
+    mms = instrs(res, "nc_matmul")
+    mm_start, mm_end = mms[0].start_s, mms[-1].end_s
+    assert cp.start_s < mm_end and mm_start < cp.end_s  # they overlap in time
+    t_mm, t_cc = mm_end - mm_start, cp.end_s - cp.start_s
+    assert res.timeline.total_s < res.timeline.busy_s["Vector"] + t_mm + t_cc
+    # the transfer is hidden at least while the Tensor engine works
+    assert 0 < res.timeline.exposed_comm_s <= t_cc - t_mm + 1e-12
+
+
+def test_link_per_channel_and_summary() -> None:
+    x = np.zeros((128, 256), np.float32)
+    res = run_ranks(one_permute, [(x,), (x,)], link={0: LinkModel(50e9, 1e-6)})
+    (cp,) = instrs(res, "collective_permute_implicit")
+    assert cp.end_s - cp.start_s == pytest.approx(x.nbytes / 50e9 + 1e-6)
+    s = res.timeline.summary()
+    assert "kernel time" in s and "CC0" in s and "exposed comm" in s
+
+
+def test_default_link_is_documented_trn2_figure() -> None:
+    assert rates.DEFAULT_LINK.bandwidth_Bps == pytest.approx(256e9)
+    assert 1e-6 <= rates.DEFAULT_LINK.latency_s <= 2e-6
+
+
+@nki.jit
+def chained(x):
+    """DMA in, copy, DMA out: a chain of true dependencies runs back to back."""
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    nisa.tensor_copy(dst=b, src=a)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=b)
+    return out
+
+
+def test_dependencies_order_instructions() -> None:
+    x = np.ones((128, 64), np.float32)
+    res = run_ranks(chained, [(x,)])
+    d1, d2 = instrs(res, "dma_copy")
+    (c,) = instrs(res, "tensor_copy")
+    assert d1.end_s <= c.start_s and c.end_s <= d2.start_s + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S
+
+
+@nki.jit
+def disjoint_halves(x):
+    """Two DMAs into disjoint halves of one tile, then two copies each reading one half."""
+    p, f = x.shape
+    a = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
+    b = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
+    h = f // 2
+    nisa.dma_copy(dst=a[:, 0:h], src=x[:, 0:h])
+    nisa.tensor_copy(dst=b[:, 0:h], src=a[:, 0:h])
+    nisa.dma_copy(dst=a[:, h:f], src=x[:, h:f])
+    nisa.tensor_copy(dst=b[:, h:f], src=a[:, h:f])
+
+
+def test_disjoint_slices_do_not_serialize() -> None:
+    x = np.ones((128, 8192), np.float32)
+    res = run_ranks(disjoint_halves, [(x,)])
+    d1, d2 = instrs(res, "dma_copy")
+    c1, c2 = instrs(res, "tensor_copy")
+    assert c1.start_s < d2.end_s  # first copy only waits for the first half
+    assert c2.start_s >= d2.end_s
