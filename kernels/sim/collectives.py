@@ -309,7 +309,7 @@ def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_
     got = ctx.rendezvous.exchange(dep, members)
     for c, ch in enumerate(chans):
         step = 1 if ch % 2 == 0 else -1
-        pred, succ, succ2 = (members[(pos - step) % n], members[(pos + step) % n], members[(pos + 2 * step) % n])
+        pred, succ = members[(pos - step) % n], members[(pos + step) % n]
         hop = ctx.link(ch).transfer_s(dsts[c].nbytes) if n > 1 else 0.0
         start = max(readies[c], got[pred].payload[0][c])
         succ_start = max(got[succ].payload[0][c], readies[c]) if n > 1 else start
@@ -317,7 +317,6 @@ def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_
             ctx.write(dsts[c], got[pred].payload[1][c])
         _finish(ctx, op, name, f"CC{ch}", start, start + hop, srcs[c], [dsts[c]],
                 read_end=max(start, succ_start) + hop)
-        del succ2
 
 
 def collective_permute_implicit(srcs_by_channel, dsts_by_channel, replica_group, channel_ids=[0],

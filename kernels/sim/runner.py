@@ -79,9 +79,16 @@ def simulate_kernel(kernel: Any) -> Callable[..., Any]:
     return run
 
 
-def _to_numpy(value: Any, ctx: CoreContext) -> Any:
+def _check_outputs(value: Any, ctx: CoreContext) -> None:
     if isinstance(value, NkiTensor):
         checks.kernel_output(value, ctx.where("kernel return"))
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _check_outputs(v, ctx)
+
+
+def _to_numpy(value: Any, ctx: CoreContext) -> Any:
+    if isinstance(value, NkiTensor):
         return np.array(value.array()) if ctx.numerics else None
     if isinstance(value, tuple):
         return tuple(_to_numpy(v, ctx) for v in value)
@@ -142,7 +149,8 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
                 if isinstance(a, NkiTensor):
                     ctx.inputs.add(a.alloc.id)
             out = fn(*args, **dict(kwargs or {}))
-            results[who] = _to_numpy(out, ctx)
+            _check_outputs(out, ctx)
+            results[who] = out
         except _Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
@@ -166,5 +174,6 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
         first = rdv.error if rdv.error is not None and rdv.error in errors else errors[0]
         raise first
     timeline = Timeline.from_cores([contexts[p].timeline for p in participants])
-    outputs = [results.get((r, 0)) for r in range(world)] if numerics else None
+    # converted after every program finished: under LNC 2 both write the shared output
+    outputs = [_to_numpy(results.get((r, 0)), contexts[(r, 0)]) for r in range(world)] if numerics else None
     return SimResult(outputs, timeline)
