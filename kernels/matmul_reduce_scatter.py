@@ -1,0 +1,238 @@
+"""Matmul + reduce-scatter: the row-parallel linear with sequence-parallel output.
+
+Z_shard = reduce_scatter(X @ W_shard) along M. Every rank holds a K-slice of X and the
+matching rows of W; the partial products of a row chunk travel the ring, each rank adding
+its own with collective_permute_implicit_reduce, and each step's matmul (the partial of
+the next chunk) overlaps the previous step's transfer. Two channels split every chunk's
+rows in halves running the ring both ways.
+
+Kernels here:
+- `matmul_reduce_scatter`: the fused ring kernel.
+- `reduce_scatter_ring`: the same ring on precomputed partials (the collective alone).
+- `matmul_reduce_scatter_reference`, `reduce_scatter_reference`: NumPy references.
+- `matmul_reduce_scatter_timings`: T_mm / T_cc / T_f and the overlap ratios.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from trnopt.kernels.nki_api import ncc, nisa, nki, nl
+from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, MatmulPipeline, RowBlock, choose_tiling, split_rows,
+                                   tile_spans)
+
+
+def _my_ring(groups: Sequence[Sequence[int]], me: int) -> list[int]:
+    for g in groups:
+        if me in g:
+            return list(g)
+    raise AssertionError(f"rank {me} is in no rank-list of replica groups {[list(g) for g in groups]}")
+
+
+def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: str):
+    sizes = {len(g) for g in groups}
+    assert len(sizes) == 1, f"replica groups must have equal sizes, got {[len(g) for g in groups]}"
+    assert channels in (1, 2), f"channels must be 1 or 2, got {channels}"
+    assert nl.num_programs() == 1, f"{what} runs one program per rank (LNC 1), got {nl.num_programs()}"
+    rg = ncc.ReplicaGroup([list(g) for g in groups])
+    ring = _my_ring(groups, ncc.rank_id())
+    tp = len(ring)
+    assert m % tp == 0, f"M={m} rows must split evenly over the {tp} ranks of the ring"
+    ms = m // tp
+    assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
+    return rg, ring, tp, ms
+
+
+def _ring_step(rg, s: int, part: list, acc: list, chans: list[int]) -> None:
+    """Send step s's partials on: plain permute at s = 0, permute-with-add after."""
+    if s == 0:
+        ncc.collective_permute_implicit(
+            srcs_by_channel=[[part[c][0]] for c in chans], dsts_by_channel=[[acc[c][0]] for c in chans],
+            replica_group=rg, channel_ids=chans, name="rs_step0")
+    else:
+        ncc.collective_permute_implicit_reduce(
+            srcs0_by_channel=[[part[c][s % 2]] for c in chans],
+            srcs1_by_channel=[[acc[c][(s - 1) % 2]] for c in chans],
+            dsts_by_channel=[[acc[c][s % 2]] for c in chans],
+            replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
+
+
+@nki.jit
+def matmul_reduce_scatter(x_t, w, groups, channels=1):
+    """Z_shard = reduce_scatter(X @ W_shard) along M, the reduce-scatter hidden in a ring.
+
+    Dimensions:
+        tp: ranks in this rank's rank-list; M rows of X (all sequence positions), M_shard =
+        M / tp; K_shard this rank's slice of the contraction; N output columns.
+
+    Args:
+        x_t: [K_shard, M], this rank's K-slice of X, transposed (K-major), HBM, bfloat16 or
+            float32.
+        w: [K_shard, N], the matching rows of W, HBM, same dtype as x_t.
+        groups: replica groups (disjoint rank-lists); list order is the ring order and the
+            shard order: list position i receives rows i*M_shard.. of the sum, as
+            ncc.reduce_scatter splits.
+        channels: 1, or 2 (each chunk's rows split in halves, the first half reduced around
+            the ring forward on channel 0, the second backward on channel 1).
+
+    Returns:
+        Z_shard: [M_shard, N] in w's dtype, shared HBM: sum over the ring of X_r @ W_r for
+        this rank's rows.
+
+    Decomposition: at step s = 0..tp-1 the rank computes its partial for the chunk owned by
+    collective_permute_implicit_current_processing_rank_id(s + 1) (the chunk that reaches
+    its owner after tp - 1 - s more hops) into an HBM buffer; at s = 0 it is sent on with
+    collective_permute_implicit, at 0 < s < tp - 1 collective_permute_implicit_reduce sends
+    partial + the sum received at s - 1. The last step computes the rank's own chunk and
+    adds the arriving sum while evacuating PSUM. Partials and sums travel in w's dtype and
+    are added in FP32. Buffers are double (step s writes buffer s % 2).
+
+    Preconditions: x_t, w 2-D with equal K_shard and dtype; M divisible by tp; M_shard >=
+    channels; channels in (1, 2); equal rank-list sizes; LNC 1.
+    """
+    assert len(x_t.shape) == 2 and len(w.shape) == 2, (
+        f"x_t and w must be 2-D, got x_t {tuple(x_t.shape)}, w {tuple(w.shape)}")
+    k, m = x_t.shape
+    kw, n = w.shape
+    assert k == kw, f"contraction mismatch: x_t is [{k}, {m}] but w is [{kw}, {n}]"
+    assert x_t.dtype == w.dtype, f"x_t dtype {x_t.dtype} != w dtype {w.dtype}"
+    rg, ring, tp, ms = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
+    z = nl.ndarray((ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
+    halves = split_rows(ms, channels)
+    chans = list(range(channels))
+    part = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
+            for c, (_, h) in enumerate(halves)]
+    acc = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
+           for c, (_, h) in enumerate(halves)]
+    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True)
+    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=w.dtype, name="rs")
+    for s in range(tp):
+        last = s == tp - 1
+        blocks = []
+        for c, (off, h) in enumerate(halves):
+            owner = ncc.collective_permute_implicit_current_processing_rank_id(
+                iteration_id=s + 1, replica_group=rg, channel_id=c)
+            col = ring.index(owner) * ms + off
+            if last:
+                addend = acc[c][(s - 1) % 2] if tp > 1 else None
+                blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, 0:n], addend))
+            else:
+                blocks.append(RowBlock(x_t[0:k, col:col + h], part[c][s % 2]))
+        pipe(blocks, w)
+        if not last:
+            _ring_step(rg, s, part, acc, chans)
+    return z
+
+
+@nki.jit
+def reduce_scatter_ring(partial, groups, channels=1):
+    """The collective alone: Z_shard = reduce_scatter(partial) along M over the ring.
+
+    Args:
+        partial: [M, N], this rank's partial sums, HBM.
+        groups, channels: as in `matmul_reduce_scatter`.
+
+    Returns:
+        Z_shard: [M / tp, N] in partial's dtype, shared HBM.
+
+    Decomposition: the ring schedule of `matmul_reduce_scatter` with each step's matmul
+    replaced by a DMA of the chunk from `partial` into the send buffer; the last step adds
+    the arriving sum to the own chunk in SBUF (128 x 512 tiles). Preconditions as there.
+    """
+    assert len(partial.shape) == 2, f"partial must be 2-D, got {tuple(partial.shape)}"
+    m, n = partial.shape
+    rg, ring, tp, ms = _ring_setup(groups, m, channels, "reduce_scatter_ring")
+    dt = partial.dtype
+    z = nl.ndarray((ms, n), dtype=dt, buffer=nl.shared_hbm, name="z")
+    halves = split_rows(ms, channels)
+    chans = list(range(channels))
+    part = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
+            for c, (_, h) in enumerate(halves)]
+    acc = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
+           for c, (_, h) in enumerate(halves)]
+    for s in range(tp - 1):
+        for c, (off, h) in enumerate(halves):
+            owner = ncc.collective_permute_implicit_current_processing_rank_id(
+                iteration_id=s + 1, replica_group=rg, channel_id=c)
+            row = ring.index(owner) * ms + off
+            nisa.dma_copy(dst=part[c][s % 2], src=partial[row:row + h, 0:n], name="rs_stage")
+        _ring_step(rg, s, part, acc, chans)
+    mine = ring.index(ncc.rank_id()) * ms
+    a_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_a{i}") for i in range(2)]
+    b_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_b{i}") for i in range(2)]
+    o_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_o{i}") for i in range(2)]
+    i = 0
+    for c, (off, h) in enumerate(halves):
+        for r0, rs in tile_spans(h, PMAX):
+            for c0, cs in tile_spans(n, MOVING_FMAX):
+                a, b, o = a_t[i % 2], b_t[i % 2], o_t[i % 2]
+                i += 1
+                row = mine + off + r0
+                nisa.dma_copy(dst=a[0:rs, 0:cs], src=partial[row:row + rs, c0:c0 + cs], name="rs_ld_own")
+                if tp > 1:
+                    nisa.dma_copy(dst=b[0:rs, 0:cs], src=acc[c][(tp - 2) % 2][r0:r0 + rs, c0:c0 + cs],
+                                  name="rs_ld_acc")
+                    nisa.tensor_tensor(o[0:rs, 0:cs], a[0:rs, 0:cs], b[0:rs, 0:cs], op=nl.add, name="rs_add")
+                else:
+                    nisa.tensor_copy(o[0:rs, 0:cs], a[0:rs, 0:cs], name="rs_copy")
+                nisa.dma_copy(dst=z[off + r0:off + r0 + rs, c0:c0 + cs], src=o[0:rs, 0:cs], name="rs_st")
+    return z
+
+
+def matmul_reduce_scatter_reference(x_t_slices: Sequence[np.ndarray], w_slices: Sequence[np.ndarray], *,
+                                    out_dtype: Any = None) -> list[np.ndarray]:
+    """NumPy reference of `matmul_reduce_scatter` for a whole rank-list.
+
+    Args:
+        x_t_slices: per list position, [K_shard, M]; w_slices: per list position, [K_shard, N].
+
+    Returns:
+        per list position i, rows i*M_shard.. of sum_r x_t_r.T @ w_r (float64, rounded once).
+    """
+    total = sum(np.asarray(x, dtype=np.float64).T @ np.asarray(w, dtype=np.float64)
+                for x, w in zip(x_t_slices, w_slices))
+    dt = out_dtype or np.asarray(w_slices[0]).dtype
+    return [c.astype(dt) for c in np.split(total, len(x_t_slices), axis=0)]
+
+
+def reduce_scatter_reference(partials: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """NumPy reference of `reduce_scatter_ring`: the float64 sum split along M, per list position."""
+    total = sum(np.asarray(p, dtype=np.float64) for p in partials)
+    dt = np.asarray(partials[0]).dtype
+    return [c.astype(dt) for c in np.split(total, len(partials), axis=0)]
+
+
+def matmul_reduce_scatter_timings(m: int, k: int, n: int, tp: int, dtype: Any, link: Any, channels: int = 1, *,
+                                  numerics: bool = False, timeout_s: float = 600.0) -> dict:
+    """T_mm, T_cc, T_f, hidden fraction and speedup of `matmul_reduce_scatter` in the simulator.
+
+    Args:
+        m: rows of X (all ranks), divisible by tp; k: this rank's contraction slice K_shard;
+        n: output columns; tp, dtype, link, channels, numerics: as in
+        `trnopt.kernels.allgather_matmul.allgather_matmul_timings`.
+
+    Variants: T_mm the undecomposed [m, k] x [k, n] partial product on one rank, T_cc
+    `reduce_scatter_ring` of an [m, n] partial, T_f `matmul_reduce_scatter`.
+    """
+    from trnopt.kernels.overlap import Variant, measure_overlap, operand
+    from trnopt.kernels.tiling import matmul
+
+    assert m % tp == 0, f"m={m} must be divisible by tp={tp}"
+    groups = (tuple(range(tp)),)
+    kw = {"groups": groups, "channels": channels}
+    x = lambda r: operand((k, m), dtype, numerics, seed=r)  # noqa: E731
+    wt = lambda r: operand((k, n), dtype, numerics, seed=1000 + r)  # noqa: E731
+    res = measure_overlap(
+        mm=Variant(matmul, [(x(0), wt(0))]),
+        cc=Variant(reduce_scatter_ring, [(operand((m, n), dtype, numerics, seed=r),) for r in range(tp)], kw),
+        fused=Variant(matmul_reduce_scatter, [(x(r), wt(r)) for r in range(tp)], kw),
+        link=link, numerics=numerics, timeout_s=timeout_s)
+    return res.as_dict()
+
+
+__all__ = [
+    "matmul_reduce_scatter", "reduce_scatter_ring", "matmul_reduce_scatter_reference", "reduce_scatter_reference",
+    "matmul_reduce_scatter_timings",
+]
