@@ -1,0 +1,85 @@
+"""Tensor views (slicing, .ap(), reshape, permute) against NumPy indexing, and dependency boxes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trnopt.kernels.sim import ConstraintError
+from trnopt.kernels.sim.tensor import Allocation, MemoryRegion, NkiTensor, boxes_overlap
+
+
+def tensor(shape: tuple[int, ...]) -> tuple[NkiTensor, np.ndarray]:
+    a = Allocation(1, shape, np.float32, MemoryRegion.shared_hbm, "t", numerics=True)
+    ref = np.arange(a.size, dtype=np.float32).reshape(shape)
+    a.data[...] = ref.ravel()
+    return NkiTensor(a), ref
+
+
+@st.composite
+def slicing(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple]:
+    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    key = []
+    for n in shape:
+        if draw(st.booleans()):
+            key.append(draw(st.integers(0, n - 1)))
+        else:
+            start = draw(st.integers(0, n - 1))
+            stop = draw(st.integers(start + 1, n))
+            key.append(slice(start, stop, draw(st.integers(1, 3))))
+    return shape, tuple(key)
+
+
+@settings(max_examples=60, deadline=None)
+@given(slicing())
+def test_slicing_matches_numpy(case: tuple[tuple[int, ...], tuple]) -> None:
+    shape, key = case
+    t, ref = tensor(shape)
+    v = t[key]
+    np.testing.assert_array_equal(v.array(), ref[key])
+    assert v.shape == ref[key].shape
+    # the dependency box covers exactly the touched index range of every dim
+    for d, (lo, hi) in enumerate(v.box()):
+        k = key[d]
+        if isinstance(k, int):
+            assert (lo, hi) == (k, k + 1)
+        else:
+            idx = range(shape[d])[k]
+            assert (lo, hi) == (idx[0], idx[-1] + 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(slicing(), slicing())
+def test_slice_of_slice(case1: tuple, case2: tuple) -> None:
+    shape, key = case1
+    t, ref = tensor(shape)
+    v, r = t[key], ref[key]
+    if v.ndim == 0:
+        return
+    key2 = tuple(slice(0, n, 2) for n in v.shape)
+    np.testing.assert_array_equal(v[key2].array(), r[key2])
+
+
+def test_ap_reshape_permute() -> None:
+    t, ref = tensor((8, 12))
+    np.testing.assert_array_equal(t.ap(pattern=[[12, 8], [1, 6]], offset=6).array(), ref[:, 6:])
+    np.testing.assert_array_equal(t.ap(pattern=[[1, 12], [12, 8]]).array(), ref.T)
+    np.testing.assert_array_equal(t.reshape((4, 24)).array(), ref.reshape(4, 24))
+    np.testing.assert_array_equal(t.permute((1, 0)).array(), ref.T)
+    assert t.ap(pattern=[[12, 8], [1, 6]], offset=6).box() == ((0, 8), (6, 12))
+    assert t.get_pattern() == [[12, 8], [1, 12]] and t.is_contiguous()
+
+
+def test_bounds() -> None:
+    t, _ = tensor((8, 12))
+    for bad in (lambda: t[8], lambda: t[0:9], lambda: t[-1], lambda: t[:, 5:5], lambda: t[0, 0, 0],
+                lambda: t.ap(pattern=[[12, 8], [1, 13]]), lambda: t.reshape((5, 5))):
+        with pytest.raises(ConstraintError):
+            bad()
+
+
+def test_boxes_overlap() -> None:
+    assert boxes_overlap(((0, 4), (0, 8)), ((3, 5), (7, 9)))
+    assert not boxes_overlap(((0, 4), (0, 8)), ((0, 4), (8, 9)))
