@@ -68,4 +68,17 @@ def evaluate(workload: Workload, layout: Layout, target: Target, headroom: float
     tokens_per_s = workload.training.tokens / step.total
     mfu = model_flops(workload) / (step.total * layout.ranks * peak_flops_per_rank(target, layout.lnc))
     return Evaluation(layout, memory_per_chip(workload, layout, target), usable_hbm(target, headroom), step,
-                      tokens_per_s, mfu, reliability(target, layout.chips, checkpoint_bytes(workload)))
+                      tokens_per_s, mfu, reliability(target, layout.chips, checkpoint_bytes(workload),
+                                                     checkpoint_writer_chips(layout)))
+
+
+def checkpoint_writer_chips(layout: Layout) -> int:
+    """Chips that write a checkpoint: all with ZeRO >= 1 (the state is sharded over DP), else one DP replica's."""
+    return layout.chips if layout.zero >= 1 else max(1, layout.chips // layout.dp)
+
+
+def objective_value(evaluation: Evaluation, objective: str) -> float:
+    """What the search minimises: step seconds, or seconds per step of useful work (step / goodput)."""
+    if objective == "goodput":
+        return evaluation.step.total / max(evaluation.reliability.goodput, 1e-9)
+    return evaluation.step.total

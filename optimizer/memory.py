@@ -53,16 +53,16 @@ def zero_state_per_chip(params: float, model_parallel_chips: int, dp: int, zero:
             + (master + optimizer) * params / (mp * (dp if zero >= 1 else 1)))
 
 
-def activation_bytes_per_layer(workload: Workload, layout: Layout) -> float:
+def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:
     """One layer, one micro-batch, one rank: Korthikanti et al. (2022) with TP + SP (see module doc)."""
     m, tr = workload.model, workload.training
-    s, b, h, t = tr.seq / layout.cp, layout.micro_batch, m.hidden, layout.tp
+    s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
     mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
     per_token = 11 + mlp + 4
     sbh_t = s * b * h / t
-    if layout.recompute == "full":
+    if recompute == "full":
         return 2 * sbh_t
-    if layout.recompute == "selective":
+    if recompute == "selective":
         return per_token * sbh_t
     return sbh_t * (per_token + 5 * m.heads * s / h)
 
@@ -117,7 +117,8 @@ def memory_per_chip(workload: Workload, layout: Layout, target: Target) -> Memor
 
     in_flight = min(layout.micro_batches(workload), layout.pp)
     interleave = 1 + (layout.pp - 1) / (layout.pp * layout.interleave) if layout.interleave > 1 else 1
-    acts = activation_bytes_per_layer(workload, layout) * layers_per_stage(workload, layout) * in_flight * interleave
+    acts = activation_bytes_per_layer(workload, layout.tp, layout.cp, layout.micro_batch, layout.recompute) \
+        * layers_per_stage(workload, layout) * in_flight * interleave
     c = layout.ranks_per_chip
     return Memory(weights=c * sharded(tr.weight_bytes, 3), gradients=c * sharded(tr.grad_bytes, 2),
                   optimizer=c * sharded(tr.master_bytes + tr.optimizer_bytes, 1),

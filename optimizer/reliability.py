@@ -47,11 +47,17 @@ class Reliability:
     goodput: float
 
 
-def reliability(target: Target, chips: int, checkpoint_bytes: float) -> Reliability:
-    """Reliability of a job on ``chips`` chips of ``target`` that checkpoints ``checkpoint_bytes``."""
+def reliability(target: Target, chips: int, checkpoint_bytes: float, writer_chips: int | None = None) -> Reliability:
+    """Reliability of a job on ``chips`` chips that checkpoints ``checkpoint_bytes``.
+
+    Every instance counts towards failures; only the instances of ``writer_chips`` write
+    the checkpoint (all of them when the state is sharded over data parallelism, one
+    replica's otherwise).
+    """
     instances = max(1, chips // target.chips_per_instance)
+    writers = max(1, math.ceil((writer_chips or chips) / target.chips_per_instance))
     rel = target.reliability
     mtbf = job_mtbf(rel.instance_mtbf_s, instances)
-    delta = checkpoint_time(checkpoint_bytes, rel.checkpoint_bandwidth_per_instance, instances)
+    delta = checkpoint_time(checkpoint_bytes, rel.checkpoint_bandwidth_per_instance, writers)
     tau = young_interval(delta, mtbf)
     return Reliability(instances, mtbf, delta, tau, goodput_fraction(delta, tau, mtbf, rel.restart_s))

@@ -1,0 +1,228 @@
+"""The `trnopt` command line.
+
+Exit codes: 0 success, 1 a check found a problem, 2 bad input (one line naming the
+file, the key and the rule), 3 no feasible layout (with the explanation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trnopt.optimizer import catalog
+from trnopt.optimizer.errors import InfeasibleError, InputError
+from trnopt.optimizer.evaluate import DEFAULT_HEADROOM, evaluate
+from trnopt.optimizer.layout import Layout, default_placement
+from trnopt.optimizer.layoutfile import problem_dict
+from trnopt.optimizer.report import evaluation_dict, evaluation_lines, rank_map_lines, solve_dict, solve_text
+from trnopt.optimizer.search import domain_flag, fewest_domains, least_memory, solve
+from trnopt.optimizer.space import OBJECTIVES, Problem
+from trnopt.optimizer.target import GIB, Target, load_target
+from trnopt.optimizer.workload import DEFAULT_MODEL, Training, Workload, load_model
+
+DEFAULT_TARGET = "trn2u"
+
+
+def write_output(path: str, payload: dict | str, force: bool = False) -> None:
+    """Write JSON (or text) to a file, or to stdout for '-'; never overwrite a file unless forced."""
+    text = payload if isinstance(payload, str) else json.dumps(payload, indent=2) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    out = Path(path)
+    if out.exists() and not force:
+        raise InputError(path, "--json", "file exists; trnopt never overwrites a file (pass --force to replace it)")
+    out.write_text(text, encoding="utf-8")
+
+
+def add_problem_args(p: argparse.ArgumentParser, model_default: str | None = DEFAULT_MODEL) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in target name or a .toml file (default trn2u)")
+    p.add_argument("--model", default=model_default, help=f"preset name or a .toml file (default {model_default})")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--ultraservers", type=int, help="number of UltraServers (scale-up domains) joined by EFA")
+    size.add_argument("--instances", type=int, help="number of instances (for single-instance targets: trn1, trn2)")
+    p.add_argument("--seq", type=int, default=8192, help="sequence length (default 8192)")
+    p.add_argument("--global-batch", type=int, default=1024, help="sequences per step (default 1024)")
+    p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM, help="HBM share kept free (default 0.10)")
+    p.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout only)")
+    p.add_argument("--force", action="store_true", help="allow --json to replace an existing file")
+
+
+def domains_from_args(target: Target, args) -> int | None:
+    """--ultraservers N is N domains; --instances N is N / instances-per-domain domains."""
+    if args.ultraservers is not None:
+        if args.ultraservers < 1:
+            raise InputError("--ultraservers", "ultraservers", f"must be >= 1, got {args.ultraservers}")
+        if target.instances_per_domain == 1:
+            raise InputError("--ultraservers", "ultraservers", f"{target.name} has single-instance domains; "
+                             "use --instances")
+        return args.ultraservers
+    if args.instances is not None:
+        per = target.instances_per_domain
+        if args.instances < 1 or args.instances % per:
+            raise InputError("--instances", "instances", f"must be a positive multiple of {per} "
+                             f"(instances per {target.name} domain), got {args.instances}")
+        return args.instances // per
+    return None
+
+
+def workload_from_args(args) -> Workload:
+    if not 0 <= args.headroom < 1:
+        raise InputError("--headroom", "headroom", f"must be in [0, 1), got {args.headroom}")
+    return Workload(load_model(args.model), Training(seq=args.seq, global_batch=args.global_batch))
+
+
+# -- commands ------------------------------------------------------------------------------
+def cmd_targets(args) -> int:
+    if args.action == "show":
+        if not args.name:
+            raise InputError("trnopt targets show", "NAME", "name a target (trnopt targets lists them)")
+        target = load_target(args.name)
+        print(json.dumps(catalog.target_dict(target), indent=2) if args.as_json else catalog.target_details(target))
+    else:
+        print(catalog.targets_table())
+    return 0
+
+
+def cmd_models(args) -> int:
+    if args.action == "show":
+        if not args.name:
+            raise InputError("trnopt models show", "NAME", "name a model (trnopt models lists them)")
+        model = load_model(args.name)
+        print(json.dumps(catalog.model_dict(model), indent=2) if args.as_json else catalog.model_details(model))
+    else:
+        print(catalog.models_table())
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    target, workload = load_target(args.target), workload_from_args(args)
+    lnc = args.lnc or target.chip.lnc_default
+    product = args.tp * args.pp * args.dp * args.cp
+    domains = domains_from_args(target, args)
+    if domains is None:
+        per_domain = target.ranks(lnc, 1)
+        if product % per_domain:
+            raise InputError("--tp/--pp/--dp", "degrees", f"tp*pp*dp*cp = {product} is not a multiple of the "
+                             f"{per_domain} ranks of one {target.name} domain at LNC={lnc}")
+        domains = product // per_domain
+    axes = target.axes(lnc, domains)
+    degrees = {"tp": args.tp, "cp": args.cp, "ep": args.ep, "dp": args.dp // max(args.ep, 1), "pp": args.pp}
+    layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, cp=args.cp, zero=args.zero,
+                    recompute=args.recompute, micro_batch=args.micro_batch, interleave=args.interleave, lnc=lnc,
+                    axes=axes, placement=default_placement(axes, degrees))
+    problems = layout.workload_problems(workload)
+    if problems:
+        raise InputError("layout", "degrees", problems[0])
+    e = evaluate(workload, layout, target, args.headroom)
+    if args.json != "-":
+        print("\n".join(evaluation_lines(e, target) + [""] + rank_map_lines(e, target)))
+    if args.json:
+        write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
+                                 **evaluation_dict(e)}, args.force)
+    return 0
+
+
+def cmd_solve(args) -> int:
+    target, workload = load_target(args.target), workload_from_args(args)
+    if args.objective not in OBJECTIVES:
+        raise InputError("--objective", "objective", f"must be one of {', '.join(OBJECTIVES)}")
+    domains = domains_from_args(target, args)
+    problem = Problem(workload, target, domains or 1, args.headroom, args.objective,
+                      lnc=(args.lnc,) if args.lnc else None)
+    note = ""
+    if domains is None:
+        found = fewest_domains(problem, workers=args.workers, seed=args.seed)
+        if found is None:
+            raise InfeasibleError(f"{workload.model.name} fits on no count of {target.name} domains up to 64 "
+                                  f"with {args.headroom:.0%} headroom")
+        if found > 1:
+            need = least_memory(problem, args.workers, args.seed)
+            note = (f"no domain count given: {found} is the fewest {target.name} domains on which "
+                    f"{workload.model.name} fits with {args.headroom:.0%} headroom (one needs at least "
+                    f"{need / GIB:.1f} GiB/chip); pass {domain_flag(target, found)} to choose")
+        else:
+            note = f"no domain count given: one {target.name} domain is enough"
+        problem = Problem(workload, target, found, args.headroom, args.objective, lnc=problem.lnc)
+    result = solve(problem, args.time_limit, args.workers, args.seed, args.top)
+    result.domains_note = note
+    info = problem_dict(args.target, args.model, workload, problem.domains)
+    if args.format == "json" or args.json == "-":
+        write_output("-", solve_dict(result, info))
+    else:
+        print(solve_text(result))
+    if args.json and args.json != "-":
+        write_output(args.json, solve_dict(result, info), args.force)
+    if result.status != "OPTIMAL":
+        print(f"trnopt: warning: time limit reached; best layout shown, gap {100 * result.gap:.2f}%",
+              file=sys.stderr)
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="trnopt", description="Parallel layouts and overlap kernels for AWS Trainium.")
+    top.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("targets", help="list the built-in targets, or show one")
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text")
+    p.set_defaults(run=cmd_targets)
+
+    p = sub.add_parser("models", help="list the model presets, or show one")
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text")
+    p.set_defaults(run=cmd_models)
+
+    p = sub.add_parser("evaluate", help="score one hand-written layout with the cost model")
+    add_problem_args(p)
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--pp", type=int, required=True)
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--zero", type=int, default=1)
+    p.add_argument("--recompute", default="selective")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--interleave", type=int, default=1)
+    p.add_argument("--lnc", type=int, help="logical NeuronCore config (default: the target's)")
+    p.set_defaults(run=cmd_evaluate)
+
+    p = sub.add_parser("solve", help="find the fastest layout that fits (CP-SAT)")
+    add_problem_args(p)
+    p.add_argument("--objective", default="step-time", help="step-time (default) or goodput")
+    p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole search (default 60)")
+    p.add_argument("--top", type=int, default=3, help="runner-up layouts to show (default 3)")
+    p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(run=cmd_solve)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except InputError as exc:
+        if args.debug:
+            raise
+        print(f"trnopt: error: {exc}", file=sys.stderr)
+        return 2
+    except InfeasibleError as exc:
+        if args.debug:
+            raise
+        print(f"trnopt: infeasible: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
