@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
-from trnopt.kernels.tiling import MatmulPipeline, RowBlock, choose_tiling, split_rows
+from trnopt.kernels.tiling import PMAX, MatmulPipeline, RowBlock, choose_tiling, split_rows, unit_pieces
 
 
 def _my_ring(groups: Sequence[Sequence[int]], me: int) -> list[int]:
@@ -37,7 +37,7 @@ def _check_groups(groups: Sequence[Sequence[int]]) -> None:
 
 
 @nki.jit
-def allgather_matmul(x_t, w, groups, channels=1):
+def allgather_matmul(x_t, w, groups, channels=1, pieces=4):
     """Y = all_gather(X shards along M) @ W_shard, the all-gather hidden in a ring.
 
     Dimensions:
@@ -54,18 +54,22 @@ def allgather_matmul(x_t, w, groups, channels=1):
             ncc.all_gather concatenates.
         channels: 1 (ring one way) or 2 (each shard's rows split in halves, the first half
             going forward around the ring on channel 0 and the second backward on channel 1).
+        pieces: each ring step moves its chunk in up to this many K-row slabs (aligned to
+            the matmul's K blocks), so the next step's matmul can start on the first slab
+            while the rest still moves, and the ring starts after the first slab's copy.
 
     Returns:
         Y: [M, N_shard] in w's dtype, shared HBM.
 
     Decomposition: step s = 0..tp-1 multiplies the shard (or half-shards) received s hops
     away, rows placed by collective_permute_implicit_current_processing_rank_id, while
-    collective_permute_implicit moves the next one; two HBM ring buffers per channel
-    (double buffering). Step 0 reads x_t directly; the ring starts from a copy of it
-    (collectives never touch kernel inputs).
+    collective_permute_implicit moves it on to the successor slab by slab; two HBM ring
+    buffers per channel (double buffering: step s reads buffer s % 2, receives into the
+    other). Step 0 reads x_t directly; the ring starts from a copy of it (collectives never
+    touch kernel inputs) made slab by slab during step 0.
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2) and
-    M_shard >= channels; rank-lists of equal size; one program per rank (LNC 1).
+    M_shard >= channels; pieces >= 1; rank-lists of equal size; one program per rank (LNC 1).
     """
     assert len(x_t.shape) == 2 and len(w.shape) == 2, (
         f"x_t and w must be 2-D, got x_t {tuple(x_t.shape)}, w {tuple(w.shape)}")
@@ -82,22 +86,20 @@ def allgather_matmul(x_t, w, groups, channels=1):
     tp = len(ring)
     y = nl.ndarray((tp * ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
 
+    assert pieces >= 1, f"pieces must be >= 1, got {pieces}"
     halves = split_rows(ms, channels)
     chans = list(range(channels))
+    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize)
+    slabs = unit_pieces(k, tiling.k_block * PMAX, pieces)
     bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
             for c, (_, h) in enumerate(halves)]
-    if tp > 1:
-        for c, (off, h) in enumerate(halves):
-            nisa.dma_copy(dst=bufs[c][0], src=x_t[0:k, off:off + h], name="ring_seed")
-
-    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize)
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="ag")
+    # The ring starts from a copy of x_t (collectives never touch kernel inputs), spread
+    # over the first half of step 0's matmul in K-tile slabs.
+    n_seed = max(1, pipe.iterations([h for _, h in halves]) // 2)
+    seed = [(bufs[c][0][k0:k0 + kl, 0:h], x_t[k0:k0 + kl, off:off + h])
+            for k0, kl in unit_pieces(k, PMAX, n_seed) for c, (off, h) in enumerate(halves)] if tp > 1 else []
     for s in range(tp):
-        if s < tp - 1:
-            ncc.collective_permute_implicit(
-                srcs_by_channel=[[bufs[c][s % 2]] for c in chans],
-                dsts_by_channel=[[bufs[c][(s + 1) % 2]] for c in chans],
-                replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
         blocks = []
         for c, (off, h) in enumerate(halves):
             src = ncc.collective_permute_implicit_current_processing_rank_id(
@@ -105,7 +107,13 @@ def allgather_matmul(x_t, w, groups, channels=1):
             row = ring.index(src) * ms + off
             chunk = x_t[0:k, off:off + h] if s == 0 else bufs[c][s % 2]
             blocks.append(RowBlock(chunk, y[row:row + h, 0:n]))
-        pipe(blocks, w)
+        pipe(blocks, w, side=seed if s == 0 else (), flush=s == tp - 1)
+        if s < tp - 1:
+            for k0, kl in slabs:
+                ncc.collective_permute_implicit(
+                    srcs_by_channel=[[bufs[c][s % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+                    dsts_by_channel=[[bufs[c][(s + 1) % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+                    replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
     return y
 
 
@@ -188,7 +196,8 @@ def allgather_matmul_timings(m: int, k: int, n: int, tp: int, dtype: Any, link: 
         channels: 1 or 2; numerics: simulate data too (False: schedule only).
 
     The three variants: T_mm the undecomposed matmul of the gathered [m, k] x [k, n] on one
-    rank (`trnopt.kernels.tiling.matmul`), T_cc `allgather_ring`, T_f `allgather_matmul`.
+    rank (`trnopt.kernels.tiling.matmul`), T_cc `allgather_ring` (whole chunks: the fewest
+    hop latencies), T_f `allgather_matmul` (default pieces).
     """
     from trnopt.kernels.overlap import Variant, measure_overlap, operand
     from trnopt.kernels.tiling import matmul

@@ -21,7 +21,7 @@ import numpy as np
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, MatmulPipeline, RowBlock, choose_tiling, split_rows,
-                                   tile_spans)
+                                   tile_spans, unit_pieces)
 
 
 def _my_ring(groups: Sequence[Sequence[int]], me: int) -> list[int]:
@@ -45,22 +45,24 @@ def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: st
     return rg, ring, tp, ms
 
 
-def _ring_step(rg, s: int, part: list, acc: list, chans: list[int]) -> None:
-    """Send step s's partials on: plain permute at s = 0, permute-with-add after."""
+def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_: int) -> None:
+    """Send columns n0:n0+nl_ of step s's partials on: plain permute at s = 0, permute-with-add after."""
+    cols = slice(n0, n0 + nl_)
     if s == 0:
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[part[c][0]] for c in chans], dsts_by_channel=[[acc[c][0]] for c in chans],
+            srcs_by_channel=[[part[c][0][:, cols]] for c in chans],
+            dsts_by_channel=[[acc[c][0][:, cols]] for c in chans],
             replica_group=rg, channel_ids=chans, name="rs_step0")
     else:
         ncc.collective_permute_implicit_reduce(
-            srcs0_by_channel=[[part[c][s % 2]] for c in chans],
-            srcs1_by_channel=[[acc[c][(s - 1) % 2]] for c in chans],
-            dsts_by_channel=[[acc[c][s % 2]] for c in chans],
+            srcs0_by_channel=[[part[c][s % 2][:, cols]] for c in chans],
+            srcs1_by_channel=[[acc[c][(s - 1) % 2][:, cols]] for c in chans],
+            dsts_by_channel=[[acc[c][s % 2][:, cols]] for c in chans],
             replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
 
 
 @nki.jit
-def matmul_reduce_scatter(x_t, w, groups, channels=1):
+def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4):
     """Z_shard = reduce_scatter(X @ W_shard) along M, the reduce-scatter hidden in a ring.
 
     Dimensions:
@@ -76,6 +78,9 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1):
             ncc.reduce_scatter splits.
         channels: 1, or 2 (each chunk's rows split in halves, the first half reduced around
             the ring forward on channel 0, the second backward on channel 1).
+        pieces: each step's partial travels in up to this many column slabs (aligned to the
+            matmul's column groups, which run left to right), each sent as soon as its
+            columns are computed; the last step adds each slab as it arrives.
 
     Returns:
         Z_shard: [M_shard, N] in w's dtype, shared HBM: sum over the ring of X_r @ W_r for
@@ -90,7 +95,7 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1):
     are added in FP32. Buffers are double (step s writes buffer s % 2).
 
     Preconditions: x_t, w 2-D with equal K_shard and dtype; M divisible by tp; M_shard >=
-    channels; channels in (1, 2); equal rank-list sizes; LNC 1.
+    channels; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1.
     """
     assert len(x_t.shape) == 2 and len(w.shape) == 2, (
         f"x_t and w must be 2-D, got x_t {tuple(x_t.shape)}, w {tuple(w.shape)}")
@@ -106,7 +111,9 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1):
             for c, (_, h) in enumerate(halves)]
     acc = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
            for c, (_, h) in enumerate(halves)]
+    assert pieces >= 1, f"pieces must be >= 1, got {pieces}"
     tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True)
+    slabs = unit_pieces(n, tiling.n_tiles * MOVING_FMAX, pieces)
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=w.dtype, name="rs")
     for s in range(tp):
         last = s == tp - 1
@@ -120,9 +127,15 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1):
                 blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, 0:n], addend))
             else:
                 blocks.append(RowBlock(x_t[0:k, col:col + h], part[c][s % 2]))
-        pipe(blocks, w)
+        # The previous step's last column slab is sent once its evacuation is emitted, after
+        # this step's first loads (see MatmulPipeline); the others right after their step.
+        hook = None
+        if s > 0:
+            hook = (lambda s_=s - 1: _ring_step(rg, s_, part, acc, chans, *slabs[-1]))
+        pipe(blocks, w, n_outer=True, hook=hook, flush=last)
         if not last:
-            _ring_step(rg, s, part, acc, chans)
+            for n0, nl_ in slabs[:-1]:
+                _ring_step(rg, s, part, acc, chans, n0, nl_)
     return z
 
 
@@ -158,7 +171,7 @@ def reduce_scatter_ring(partial, groups, channels=1):
                 iteration_id=s + 1, replica_group=rg, channel_id=c)
             row = ring.index(owner) * ms + off
             nisa.dma_copy(dst=part[c][s % 2], src=partial[row:row + h, 0:n], name="rs_stage")
-        _ring_step(rg, s, part, acc, chans)
+        _ring_step(rg, s, part, acc, chans, 0, n)
     mine = ring.index(ncc.rank_id()) * ms
     a_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_a{i}") for i in range(2)]
     b_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_b{i}") for i in range(2)]

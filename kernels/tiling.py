@@ -42,6 +42,17 @@ def tile_spans(total: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(size, total - s)) for s in range(0, total, size)]
 
 
+def unit_pieces(total: int, unit: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``range(total)`` into at most ``parts`` spans whose inner boundaries fall on
+    multiples of ``unit`` (tile or block edges), sizes as even as the units allow."""
+    units = -(-total // unit)
+    out = []
+    for u0, nu in split_rows(units, max(1, min(parts, units))):
+        start = u0 * unit
+        out.append((start, min(total, (u0 + nu) * unit) - start))
+    return out
+
+
 def split_rows(rows: int, parts: int) -> list[tuple[int, int]]:
     """Split ``rows`` into ``parts`` contiguous spans, sizes differing by at most one (larger first)."""
     assert 1 <= parts <= rows, f"cannot split {rows} rows into {parts} non-empty parts"
@@ -61,7 +72,7 @@ class MatmulTiling:
     k_block: int = 4  # K tiles (of 128) per DMA block
     m_tiles: int = 4  # output row tiles (of <= 128) per PSUM group
     n_tiles: int = 2  # output column tiles (of <= 512) per PSUM group
-    out_bufs: int = 4  # SBUF staging tiles for PSUM evacuation
+    out_bufs: int = 8  # SBUF staging tiles for PSUM evacuation
 
     def __post_init__(self) -> None:
         assert self.k_block >= 1, f"k_block must be >= 1, got {self.k_block}"
@@ -75,7 +86,7 @@ class MatmulTiling:
         x = 2 * self.k_block * self.m_tiles * STATIONARY_FMAX * in_itemsize
         w = 2 * self.k_block * self.n_tiles * MOVING_FMAX * in_itemsize
         o = self.out_bufs * MOVING_FMAX * max(out_itemsize, 4 if addend_itemsize else out_itemsize)
-        a = self.m_tiles * self.n_tiles * MOVING_FMAX * addend_itemsize
+        a = 2 * self.m_tiles * self.n_tiles * MOVING_FMAX * addend_itemsize
         return x + w + o + a
 
     def traffic_bytes(self, m: int, k: int, n: int, itemsize: int) -> int:
@@ -158,13 +169,14 @@ class MatmulPipeline:
         self.a_bufs = []
         if addend_dtype is not None:
             self.a_bufs = [nl.ndarray((STATIONARY_FMAX, MOVING_FMAX), dtype=addend_dtype, buffer=nl.sbuf,
-                                      name=f"{name}_a{i}") for i in range(tiling.m_tiles * tiling.n_tiles)]
-        self._xi = self._wi = self._pi = self._oi = 0
+                                      name=f"{name}_a{i}") for i in range(2 * tiling.m_tiles * tiling.n_tiles)]
+        self._xi = self._wi = self._pi = self._oi = self._ai = self._iter = 0
+        self._pending: Any = None
+        self._hook: Any = None
+        self._side: list = []
+        self._due: list = []
 
-    def __call__(self, blocks: Sequence[RowBlock], w: Any) -> None:
-        """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n]."""
-        assert tuple(w.shape) == (self.k, self.n), (
-            f"{self.name}: weight shape {tuple(w.shape)} != ({self.k}, {self.n})")
+    def _tiles(self, blocks: Sequence[RowBlock]) -> list:
         tiles = []
         for b in blocks:
             assert tuple(b.x_t.shape) == (self.k, b.rows), (
@@ -173,10 +185,63 @@ class MatmulPipeline:
                 f"{self.name}: out block shape {tuple(b.out.shape)} != ({b.rows}, {self.n})")
             assert b.addend is None or self.a_bufs, f"{self.name}: addend given but no addend_dtype"
             tiles += [(b, r0, rs) for r0, rs in tile_spans(b.rows, STATIONARY_FMAX)]
+        return tiles
+
+    def iterations(self, rows: Sequence[int]) -> int:
+        """K-block iterations of one call over row blocks of the given sizes."""
+        m_tiles = sum(-(-r // STATIONARY_FMAX) for r in rows)
+        n_tiles = -(-self.n // MOVING_FMAX)
+        groups = -(-m_tiles // self.t.m_tiles) * -(-n_tiles // self.t.n_tiles)
+        return groups * len(self.k_blocks)
+
+    def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
+                 side: Sequence[tuple[Any, Any]] = (), hook: Any = None, flush: bool = True) -> None:
+        """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
+
+        The evacuation of a group (PSUM -> SBUF -> HBM) is emitted after the next group's
+        first K-block loads: the DMA queues serve in issue order, so stores waiting on the
+        last matmul would otherwise hold back the next group's loads.
+
+        ``n_outer``: loop column groups outside row groups, so that output columns complete
+        left to right (the reduce-scatter sends column pieces as they complete); the HBM
+        traffic is the same either way. ``side``: (dst, src) DMA copies spread over the first
+        half of the call's K-block iterations (a big copy issued at once would hold the
+        matmul's loads back). ``hook``: called once, after the first group's first loads and
+        the previous call's last evacuation (the reduce-scatter sends the previous step's
+        last piece there). ``flush=False`` leaves the last group's evacuation pending until
+        the next call or `flush` (the caller must not read those outputs before).
+        """
+        assert tuple(w.shape) == (self.k, self.n), (
+            f"{self.name}: weight shape {tuple(w.shape)} != ({self.k}, {self.n})")
+        tiles = self._tiles(blocks)
         n_tiles = tile_spans(self.n, MOVING_FMAX)
-        for i in range(0, len(tiles), self.t.m_tiles):
-            for j in range(0, len(n_tiles), self.t.n_tiles):
-                self._group(tiles[i:i + self.t.m_tiles], n_tiles[j:j + self.t.n_tiles], w)
+        mgs = [tiles[i:i + self.t.m_tiles] for i in range(0, len(tiles), self.t.m_tiles)]
+        ngs = [n_tiles[j:j + self.t.n_tiles] for j in range(0, len(n_tiles), self.t.n_tiles)]
+        pairs = [(a, b) for b in ngs for a in mgs] if n_outer else [(a, b) for a in mgs for b in ngs]
+        iters = len(pairs) * len(self.k_blocks)
+        half = max(1, iters // 2)
+        side = list(side)
+        # side copy i goes after iteration floor(i * half / len(side))
+        due = [(i * half) // len(side) for i in range(len(side))] if side else []
+        self._side, self._due, self._iter = side, due, 0
+        self._hook = hook
+        for mg, ng in pairs:
+            self._group(mg, ng, w)
+        for dst, src in self._side:
+            nisa.dma_copy(dst=dst, src=src, name=f"{self.name}_side")
+        self._side = []
+        if self._hook is not None:
+            self.flush()
+            self._hook()
+            self._hook = None
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        """Emit the pending evacuation of the last group, if any."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
 
     def _group(self, mts: list, nts: list, w: Any) -> None:
         n0 = nts[0][0]
@@ -191,15 +256,7 @@ class MatmulPipeline:
         ps = [[self.psum[(self._pi + a * len(nts) + c) % PSUM_BANKS] for c in range(len(nts))]
               for a in range(len(mts))]
         self._pi += len(mts) * len(nts)
-        adds = {}
-        if any(b.addend is not None for b, _, _ in mts):
-            for a, (b, r0, rs) in enumerate(mts):
-                for c, (c0, cs) in enumerate(nts):
-                    if b.addend is not None:
-                        t = self.a_bufs[a * len(nts) + c]
-                        nisa.dma_copy(dst=t[0:rs, 0:cs], src=b.addend[r0:r0 + rs, c0:c0 + cs],
-                                      name=f"{self.name}_ld_add")
-                        adds[(a, c)] = t
+        adds: dict = {}
         for bi, kblock in enumerate(self.k_blocks):
             xb = self.x_bufs[self._xi % 2]
             wb = self.w_bufs[self._wi % 2]
@@ -212,6 +269,17 @@ class MatmulPipeline:
                                   name=f"{self.name}_ld_x")
                 nisa.dma_copy(dst=wb[0:ks, j, 0:ncols], src=w[k0:k0 + ks, n0:n0 + ncols],
                               name=f"{self.name}_ld_w")
+            while self._side and self._due[0] <= self._iter:
+                dst, src = self._side.pop(0)
+                self._due.pop(0)
+                nisa.dma_copy(dst=dst, src=src, name=f"{self.name}_side")
+            self._iter += 1
+            if bi == 0:
+                self.flush()
+                if self._hook is not None:
+                    self._hook()
+                    self._hook = None
+                adds = self._load_addends(mts, nts)
             for j, (k0, ks) in enumerate(kblock):
                 first = bi == 0 and j == 0
                 for a, (_, _, rs) in enumerate(mts):
@@ -220,6 +288,23 @@ class MatmulPipeline:
                         nisa.nc_matmul(ps[a][cc][0:rs, 0:cs], xb[0:ks, j, c:c + rs],
                                        wb[0:ks, j, c0 - n0:c0 - n0 + cs], accumulate=not first,
                                        name=f"{self.name}_mm")
+        self._pending = lambda: self._evacuate(mts, nts, ps, adds)
+
+    def _load_addends(self, mts: list, nts: list) -> dict:
+        adds = {}
+        if not any(b.addend is not None for b, _, _ in mts):
+            return adds
+        base = (self._ai % 2) * self.t.m_tiles * self.t.n_tiles
+        self._ai += 1
+        for a, (b, r0, rs) in enumerate(mts):
+            for c, (c0, cs) in enumerate(nts):
+                if b.addend is not None:
+                    t = self.a_bufs[base + a * len(nts) + c]
+                    nisa.dma_copy(dst=t[0:rs, 0:cs], src=b.addend[r0:r0 + rs, c0:c0 + cs], name=f"{self.name}_ld_add")
+                    adds[(a, c)] = t
+        return adds
+
+    def _evacuate(self, mts: list, nts: list, ps: list, adds: dict) -> None:
         for a, (b, r0, rs) in enumerate(mts):
             for c, (c0, cs) in enumerate(nts):
                 o = self.o_bufs[self._oi % len(self.o_bufs)]
