@@ -109,3 +109,9 @@ def tol():
 def make_tensor():
     """`make_tensor(rng, shape, dtype, integer=False)`."""
     return random_tensor
+
+
+@pytest.fixture
+def dtypes():
+    """Name -> numpy dtype for the parametrised dtypes ("bf16", "fp32")."""
+    return DTYPES
