@@ -136,8 +136,9 @@ def coefficients(op: str, span: Span, ranks_per_chip: int = 1, with_latency: boo
 
 
 def collective_time(op: str, size: float, span: Span, ranks_per_chip: int = 1, with_latency: bool = True) -> float:
-    """Seconds for ``op`` on ``size`` bytes per rank over the group ``span`` (see ``coefficients``)."""
-    if not span:
+    """Seconds for ``op`` on ``size`` bytes per rank over the group ``span`` (see ``coefficients``);
+    nothing to send costs nothing."""
+    if not span or size <= 0:
         return 0.0
     per_byte, fixed = coefficients(op, span, ranks_per_chip, with_latency)
     return size * per_byte + fixed

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
@@ -40,7 +40,7 @@ from trnopt.optimizer.steptime import (BACKWARD_SHARE, compute_time, ep_alltoall
                                        tp_collectives_per_layer)
 
 TICKS_PER_COMPUTE = 10**9
-GOODPUT_SCALE = 10**5
+GOODPUT_SCALE = 2**25  # 1/goodput in units of 2^-25: 3e-8 relative
 # Bounds of intermediate products: a layout whose time passes 2^52 ticks (4.5 million
 # times the best compute time) or whose memory passes 2^52 bytes (4 PiB) is far from any
 # optimum and any HBM, so variable domains stop there and keep every sum inside int64.
@@ -82,11 +82,15 @@ class LnCResult:
 class LayoutModel:
     """The CP-SAT model of one Space (one LNC, one domain count)."""
 
-    def __init__(self, space: Space, memory_objective: bool = False):
+    def __init__(self, space: Space, memory_objective: bool = False, step_bound: float | None = None):
+        """``step_bound`` (seconds) caps the step time; the goodput objective needs one (see _objective)."""
         self.space, self.problem = space, space.problem
+        self.step_bound = step_bound
+        self.coarse_bits = 0
         self.model = cp_model.CpModel()
         self.memory_objective = memory_objective
         self._count = 0
+        self.named: dict[str, Term] = {}
         w, t = self.problem.workload, self.problem.target
         best_compute = min(compute_time(w, t, tp, "none", space.ranks, space.lnc) for tp in space.degrees["tp"])
         self.tick = best_compute / TICKS_PER_COMPUTE
@@ -103,9 +107,11 @@ class LayoutModel:
     def ticks(self, seconds: float) -> int:
         return int(round(seconds / self.tick))
 
-    def var(self, lo: int, hi: int, name: str) -> Term:
-        hi = min(hi, CAP)
-        return Term(self.model.new_int_var(min(lo, hi), hi, self._name(name)), min(lo, hi), hi)
+    def var(self, lo: int, hi: int, name: str, cap: int = CAP) -> Term:
+        hi = min(hi, cap)
+        term = Term(self.model.new_int_var(min(lo, hi), hi, self._name(name)), min(lo, hi), hi)
+        self.named[name] = term  # the latest variable of each name, for debugging
+        return term
 
     def materialise(self, a: Term, name: str) -> Term:
         if isinstance(a.expr, (int, cp_model.IntVar)):
@@ -121,13 +127,13 @@ class LayoutModel:
         self.model.add_element(self.materialise(index, name + "_index").expr, values, v.expr)
         return v
 
-    def mul(self, a: Term, b: Term, name: str) -> Term:
+    def mul(self, a: Term, b: Term, name: str, cap: int = CAP) -> Term:
         if a.constant and b.constant:
             return const(a.lo * b.lo)
         if a.constant or b.constant:
             k, x = (a.lo, b) if a.constant else (b.lo, a)
             return Term(k * x.expr, k * x.lo, k * x.hi) if k else const(0)
-        v = self.var(a.lo * b.lo, a.hi * b.hi, name)
+        v = self.var(a.lo * b.lo, a.hi * b.hi, name, cap)
         self.model.add_multiplication_equality(v.expr, [self.materialise(a, name + "_a").expr,
                                                         self.materialise(b, name + "_b").expr])
         return v
@@ -315,7 +321,16 @@ class LayoutModel:
         self.step = self._step()
         objective = self.step
         if self.problem.objective == "goodput":
-            objective = self.mul(self.step, self._inverse_goodput(), "per_good_step")
+            # step / goodput as step * (2^25 / goodput). The product must stay in int64, so the
+            # step is bounded (by the step-time optimum's own objective, see solve_space) and,
+            # when that bound is large, counted in units of 2^k ticks: k keeps the product
+            # under 2^62 while the step keeps more than 30 significant bits.
+            inverse = self._inverse_goodput()
+            bound = self.ticks(self.step_bound) if self.step_bound else CAP
+            self.model.add(self.step.expr <= bound)
+            self.coarse_bits = max(0, bound.bit_length() + inverse.hi.bit_length() - 62)
+            coarse = self.div(Term(self.step.expr, self.step.lo, bound), const(2**self.coarse_bits), "coarse_step")
+            objective = self.mul(coarse, inverse, "per_good_step", cap=2**62)
         self.objective = objective
         self.model.minimize(objective.expr)
 
@@ -540,6 +555,19 @@ class LayoutModel:
                       recompute=pick(RECOMPUTE, self.rc), micro_batch=pick(self.space.micro_batches, self.micro),
                       interleave=pick(self.interleaves, self.inter), lnc=self.space.lnc)
 
+    def fix(self, layout: Layout):
+        """Pin every decision to ``layout`` (to score one layout with the model, or to debug it)."""
+        for d in self.active:
+            row = layout.placement[DIMS.index(d)]
+            for j, bools in enumerate(self.place[d]):
+                for v, b in zip(self.axis_divisors[j], bools):
+                    self.model.add(b == (v == row[j]))
+        for values, bools, chosen in ((ZERO_STAGES, self.zero, layout.zero), (RECOMPUTE, self.rc, layout.recompute),
+                                      (self.space.micro_batches, self.micro, layout.micro_batch),
+                                      (self.interleaves, self.inter, layout.interleave)):
+            for v, b in zip(values, bools):
+                self.model.add(b == (v == chosen))
+
     def forbid_degrees(self, layout: Layout):
         """Exclude this combination of degrees (for the runner-up solves)."""
         lits = []
@@ -595,12 +623,20 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = 2, seed: 
                 runners_up: int = 0) -> LnCResult:
     """Solve one LNC's space; re-score the answer with the cost model and check they agree."""
     start = time.perf_counter()
-    lm = LayoutModel(space)
+    p = space.problem
+    bound = None
+    if p.objective == "goodput":
+        # the step-time optimum S with goodput g bounds the goodput optimum's step: S / g / min goodput
+        first = solve_space(Space(replace(p, objective="step-time"), space.lnc), time_limit / 2, workers, seed)
+        if first.evaluation is None:
+            return first
+        bound = objective_value(first.evaluation, "goodput") * 1.000001 + 1e-12
+        time_limit = max(1.0, time_limit - (time.perf_counter() - start))
+    lm = LayoutModel(space, step_bound=bound)
     solver = _solver(time_limit, workers, seed)
     status = STATUS[solver.solve(lm.model)]
     if status not in ("OPTIMAL", "FEASIBLE"):
         return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start)
-    p = space.problem
     layout = lm.layout(solver)
     e = evaluate(p.workload, layout, p.target, p.headroom, p.hidden, p.with_latency)
     check_agreement(lm, solver.objective_value, e)
@@ -623,9 +659,11 @@ def check_agreement(lm: LayoutModel, solver_objective: float, e: Evaluation):
     """The solver's integer objective must equal the cost model's score up to table rounding."""
     p = lm.problem
     expected = objective_value(e, p.objective) / lm.tick
+    unit = 1
     if p.objective == "goodput":
-        expected *= GOODPUT_SCALE
-    tolerance = 1e-6 * expected + 64 * (GOODPUT_SCALE if p.objective == "goodput" else 1)
+        expected *= GOODPUT_SCALE / 2**lm.coarse_bits
+        unit = GOODPUT_SCALE
+    tolerance = 1e-6 * expected + 64 * unit
     if abs(expected - solver_objective) > tolerance:
         raise SolverMismatch(f"CP-SAT objective {solver_objective:.0f} ticks vs cost model {expected:.0f} "
                              f"for {e.layout.describe()} [{e.layout.placement_text()}]")
