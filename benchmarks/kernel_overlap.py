@@ -1,7 +1,7 @@
 """Overlap of the three trnopt kernels in the simulator, at Llama 3 405B shapes.
 
 For each kernel and target: T_mm (the undecomposed matmul), T_cc (the collective alone:
-link time of the ring / all-to-all kernel without matmul), T_f (the fused kernel),
+link busy time of the ring / all-to-all kernel without matmul), T_f (the fused kernel),
 hidden fraction 1 - (T_f - T_mm) / T_cc and speedup (T_mm + T_cc) / T_f, all measured
 side by side in this one process on the simulator's engine timeline.
 
@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['t_f'] * 1e6:>11.1f}{r['hidden_fraction']:>8.3f}{r['speedup']:>9.3f}{el:>7.1f}",
                   flush=True)
     print("\nGoal (issue 6): hidden fraction >= 0.90 at TP16 on the torus (ByteDance Flux reports 96% on GPUs).")
-    print("T_cc is the link time of the collective alone (ring all-gather / ring reduce-scatter with the same "
-          "channels, whole chunks; dispatch + combine all_to_all for the expert kernel), staging copies excluded.")
+    print("T_cc is the link time of the collective alone: busy time of the busiest collective engine in the "
+          "ring all-gather / ring reduce-scatter kernel with the same channels and whole chunks, or the dispatch + "
+          "combine all_to_all of the expert kernel (staging DMA copies excluded).")
     print("The expert all-to-all is timed with the simulator's (n-1)(S/n/B + a) formula on channel 0; on a torus "
           "the real all-to-all is bisection-limited, so that row is optimistic about T_cc.")
     return 0
