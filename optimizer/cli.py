@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from trnopt.optimizer import catalog
+from trnopt.optimizer import catalog, checkmap, compare, export, mapview
 from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.evaluate import DEFAULT_HEADROOM, evaluate
 from trnopt.optimizer.layout import Layout, default_placement
@@ -151,6 +151,8 @@ def cmd_solve(args) -> int:
     info = problem_dict(args.target, args.model, workload, problem.domains)
     if args.format == "json" or args.json == "-":
         write_output("-", solve_dict(result, info))
+    elif args.format in export.FORMATS:
+        export.write(args.format, result)
     else:
         print(solve_text(result))
     if args.json and args.json != "-":
@@ -201,8 +203,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=3, help="runner-up layouts to show (default 3)")
     p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
+                   help="text (default), json, nxd (NxD Training YAML keys) or env (launch environment lines)")
     p.set_defaults(run=cmd_solve)
+    for command in (compare, mapview, checkmap):
+        command.register(sub)
     return top
 
 
