@@ -285,7 +285,7 @@ def _ultraserver_findings(layout: Layout, target: Target, devs: list[Device],
             if us_of[inst] is not None and us_of[inst] != home:
                 found.append(Finding("outside-instance", f"domain {domain} has instance {inst} from UltraServer "
                                      f"{us_of[inst]} while its other instances are in UltraServer {home}: "
-                                     f"its {crossing_name(target)} traffic goes over EFA"))
+                                     f"its traffic on {crossing_name(target)} goes over EFA"))
     return found
 
 
