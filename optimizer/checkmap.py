@@ -51,6 +51,7 @@ import argparse
 import csv
 import io
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,17 +91,15 @@ class Finding:
 
 # -- reading ------------------------------------------------------------------------------------
 def _int(path: str, where: str, key: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool):
-        raise InputError(path, f"{where}.{key}", f"must be an integer, got {value!r}")
-    try:
-        out = int(value) if not isinstance(value, float) or value.is_integer() else None
-    except (TypeError, ValueError):
-        out = None
-    if out is None or (isinstance(value, str) and not value.strip().lstrip("-").isdigit()):
-        raise InputError(path, f"{where}.{key}", f"must be an integer, got {value!r}")
-    if out < minimum:
-        raise InputError(path, f"{where}.{key}", f"must be >= {minimum}, got {out}")
-    return out
+    """An integer from JSON (int) or CSV (digits), at least ``minimum``."""
+    name = f"{where}.{key}" if where else key
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(path, name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise InputError(path, name, f"must be >= {minimum}, got {value}")
+    return value
 
 
 def _rows_from_text(path: str, text: str) -> tuple[list[tuple[str, dict]], object]:

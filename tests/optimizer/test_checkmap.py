@@ -172,6 +172,7 @@ def test_without_ultraserver_column_membership_is_not_checked(planned, capsys):
     (lambda rows: rows[1].update(core=-1), "line 3.core", "must be >= 0"),
     (lambda rows: rows[1].update(instance=""), "line 3.instance", "missing required key"),
     (lambda rows: rows[1].update(core=0), "line 3.core", "already holds rank 0"),
+    (lambda rows: rows[1].update(lnc="two"), "line 3.lnc", "must be an integer"),
 ])
 def test_malformed_rank_map_is_one_line_exit_2(planned, capsys, edit, key, rule):
     tmp_path, lpath, _, _, rows = planned
