@@ -6,6 +6,11 @@ all-gather hides behind the matmul. One channel runs the ring one way; two chann
 every shard's rows in halves and run the ring both ways at once (both directions of a
 torus ring), halving the bytes per link per step.
 
+On hardware, collective_permute_implicit_current_processing_rank_id returns a scalar register,
+and the row offset of the chunk in hand would be formed with register arithmetic and a dynamic
+access pattern (tensor.ap(scalar_offset=...)); the simulator returns the rank as an int and these
+kernels index the rank-list with it in Python. Not yet run on a device.
+
 Kernels here:
 - `allgather_matmul`: the fused ring kernel.
 - `allgather_ring`: the same ring without the matmul (the collective alone; a ring

@@ -6,6 +6,11 @@ its own with collective_permute_implicit_reduce, and each step's matmul (the par
 the next chunk) overlaps the previous step's transfer. Two channels split every chunk's
 rows in halves running the ring both ways.
 
+On hardware, collective_permute_implicit_current_processing_rank_id returns a scalar register,
+and the row offset of the chunk in hand would be formed with register arithmetic and a dynamic
+access pattern (tensor.ap(scalar_offset=...)); the simulator returns the rank as an int and these
+kernels index the rank-list with it in Python. Not yet run on a device.
+
 Kernels here:
 - `matmul_reduce_scatter`: the fused ring kernel.
 - `reduce_scatter_ring`: the same ring on precomputed partials (the collective alone).
