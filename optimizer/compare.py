@@ -153,11 +153,12 @@ def compare_text(rows: list[Row], workload: Workload, settings: dict) -> str:
     table = [cols]
     for r in rows:
         e = r.evaluation
+        mark = "" if r.domains_chosen == "given" or r.domains is None else "*"
         if e is None:
-            table.append((r.target_ref, str(r.domains or "-"), "-", r.status.upper(), *["-"] * (len(cols) - 4)))
+            table.append((r.target_ref, f"{r.domains or '-'}{mark}", "-", r.status.upper(),
+                          *["-"] * (len(cols) - 4)))
             continue
         m, rel = metrics(e), relative(e, base.evaluation)
-        mark = "" if r.domains_chosen == "given" else "*"
         is_base = r is base
         table.append((r.target_ref, f"{r.domains}{mark}", str(e.layout.chips), f"{m['step_time_s']:.3f}",
                       f"{m['tokens_per_s']:,.0f}", f"{m['tokens_per_s_per_chip']:,.1f}", f"{100 * m['mfu']:.1f}%",
