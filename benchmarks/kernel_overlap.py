@@ -12,7 +12,7 @@ Shapes (Llama 3 405B: hidden 16384, sequence 8192, BF16), per rank:
   allgather_matmul       X [8192 x 16384] gathered from TP shards of 8192/TP rows, W [16384 x 16384/TP]
   matmul_reduce_scatter  X [8192 x 16384/TP] @ W [16384/TP x 16384], reduce-scattered to 8192/TP rows
   alltoall_expert_matmul EP = TP ranks, one expert each, top-1, capacity factor 1, 8192 tokens per
-                         rank of hidden 16384, expert width 16384/EP, 8 pipeline sub-chunks
+                         rank of hidden 16384, expert width 16384/EP, 4 pipeline sub-chunks
 These are too large to simulate with data on this machine, so every row runs the timeline
 without data (numerics=False); the kernels' numerics are verified by tests/kernels at
 smaller shapes.
@@ -86,7 +86,7 @@ def rows_for(target: str, kernels: list[str]):
                    lambda ch=ch: matmul_reduce_scatter_timings(SEQ, HIDDEN // tp, HIDDEN, tp, BF16, link, ch))
     if "alltoall_expert_matmul" in kernels:
         yield ("alltoall_expert_matmul", "-", f"T {SEQ} H {HIDDEN} F {HIDDEN // tp}",
-               lambda: alltoall_expert_matmul_timings(SEQ, HIDDEN, HIDDEN // tp, tp, BF16, link, n_sub=8))
+               lambda: alltoall_expert_matmul_timings(SEQ, HIDDEN, HIDDEN // tp, tp, BF16, link, n_sub=4))
 
 
 def main(argv: list[str] | None = None) -> int:
