@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
-from trnopt.kernels.tiling import MatmulPipeline, RowBlock, choose_tiling
+from trnopt.kernels.tiling import PMAX, MatmulPipeline, RowBlock, choose_tiling, unit_pieces
 
 
 def _my_ring(groups: Sequence[Sequence[int]], me: int) -> list[int]:
@@ -75,8 +75,9 @@ def alltoall_expert_matmul(x_disp, w, groups):
     Decomposition: all_to_all (collective_dim 0) of sub-chunk s moves x_disp[s, j] to list
     position j; the receiver runs, per local expert e, one `MatmulPipeline` over the ep
     source blocks recv[s, :, e] ([H, C] each) against w[e]; all_to_all of the results
-    returns them. The dispatch of sub-chunk s + 1 is issued before the combine of s so that
-    the collective engine never waits on the matmul it should overlap.
+    returns them. The staging copy of sub-chunk s + 1 (collectives never touch kernel
+    inputs) is spread over the matmul of s, and its dispatch is issued before the combine
+    of s, so that the collective engine never waits on the matmul it should overlap.
 
     Preconditions: shapes as above with matching E_local, H and dtype; every rank-list of
     size ep; LNC 1.
@@ -89,22 +90,40 @@ def alltoall_expert_matmul(x_disp, w, groups):
     recv = nl.ndarray((s_n, ep, el, h, c), dtype=dt, buffer=nl.private_hbm, name="a2a_recv")
     res = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_res")
     back = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_back")
-    for s in range(s_n):
-        nisa.dma_copy(dst=send[s], src=x_disp[s], name="a2a_stage")
-
     def dispatch(s: int) -> None:
         ncc.all_to_all(srcs=[send[s]], dsts=[recv[s]], replica_group=rg, collective_dim=0, name=f"dispatch{s}")
 
     tiling = choose_tiling(ep * c, h, f, dt.itemsize, dt.itemsize)
     pipe = MatmulPipeline(h, f, dt, dt, tiling, name="moe")
+    # Copies spread over a matmul go in slabs small enough to sit in the DMA slack of one
+    # K block: about one per K-block iteration of half a sub-chunk's matmul.
+    n_slabs = max(1, pipe.iterations([c] * ep) * el // (2 * ep * el))
+    k_slabs = unit_pieces(h, PMAX, n_slabs)
+    c_slabs = unit_pieces(c, 1, n_slabs)
+
+    def staging(s: int) -> list:
+        # collectives never touch kernel inputs: copy sub-chunk s into the send buffer
+        return [(send[s, j, e][k0:k0 + kl, 0:c], x_disp[s, j, e][k0:k0 + kl, 0:c])
+                for j in range(ep) for e in range(el) for k0, kl in k_slabs]
+
+    def output(s: int) -> list:
+        return [(y[s, j, e][c0:c0 + cl, 0:f], back[s, j, e][c0:c0 + cl, 0:f])
+                for j in range(ep) for e in range(el) for c0, cl in c_slabs]
+
+    for dst, src in staging(0):
+        nisa.dma_copy(dst=dst, src=src, name="a2a_stage")
     dispatch(0)
     for s in range(s_n):
+        for e in range(el):
+            side = staging(s + 1) if e == 0 and s + 1 < s_n else []
+            # the previous sub-chunk's results, in the second half, once its combine is through
+            late = output(s - 1) if e == el - 1 and s > 0 else []
+            pipe([RowBlock(recv[s, j, e], res[s, j, e]) for j in range(ep)], w[e], side=side, late=late)
         if s + 1 < s_n:
             dispatch(s + 1)
-        for e in range(el):
-            pipe([RowBlock(recv[s, j, e], res[s, j, e]) for j in range(ep)], w[e])
         ncc.all_to_all(srcs=[res[s]], dsts=[back[s]], replica_group=rg, collective_dim=0, name=f"combine{s}")
-        nisa.dma_copy(dst=y[s], src=back[s], name="a2a_out")
+    for dst, src in output(s_n - 1):
+        nisa.dma_copy(dst=dst, src=src, name="a2a_out")
     return y
 
 

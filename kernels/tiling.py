@@ -195,7 +195,8 @@ class MatmulPipeline:
         return groups * len(self.k_blocks)
 
     def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
-                 side: Sequence[tuple[Any, Any]] = (), hook: Any = None, flush: bool = True) -> None:
+                 side: Sequence[tuple[Any, Any]] = (), late: Sequence[tuple[Any, Any]] = (),
+                 hook: Any = None, flush: bool = True) -> None:
         """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
 
         The evacuation of a group (PSUM -> SBUF -> HBM) is emitted after the next group's
@@ -204,9 +205,10 @@ class MatmulPipeline:
 
         ``n_outer``: loop column groups outside row groups, so that output columns complete
         left to right (the reduce-scatter sends column pieces as they complete); the HBM
-        traffic is the same either way. ``side``: (dst, src) DMA copies spread over the first
-        half of the call's K-block iterations (a big copy issued at once would hold the
-        matmul's loads back). ``hook``: called once, after the first group's first loads and
+        traffic is the same either way. ``side``: (dst, src) DMA copies spread evenly over the
+        first half of the call's K-block iterations (a big copy issued at once would hold
+        the matmul's loads back); ``late``: the same over the second half (for copies whose
+        data arrives during the call). ``hook``: called once, after the first group's first loads and
         the previous call's last evacuation (the reduce-scatter sends the previous step's
         last piece there). ``flush=False`` leaves the last group's evacuation pending until
         the next call or `flush` (the caller must not read those outputs before).
@@ -220,10 +222,10 @@ class MatmulPipeline:
         pairs = [(a, b) for b in ngs for a in mgs] if n_outer else [(a, b) for a in mgs for b in ngs]
         iters = len(pairs) * len(self.k_blocks)
         half = max(1, iters // 2)
-        side = list(side)
-        # side copy i goes after iteration floor(i * half / len(side))
-        due = [(i * half) // len(side) for i in range(len(side))] if side else []
-        self._side, self._due, self._iter = side, due, 0
+        # copy i of a list of n goes after iteration start + floor(i * span / n)
+        due = [(i * half) // len(side) for i in range(len(side))]
+        due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
+        self._side, self._due, self._iter = list(side) + list(late), due, 0
         self._hook = hook
         for mg, ng in pairs:
             self._group(mg, ng, w)
