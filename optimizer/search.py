@@ -42,10 +42,14 @@ def solve(problem: Problem, time_limit: float = 60.0, workers: int = 2, seed: in
     """Solve every LNC's space within ``time_limit`` in all; raise InfeasibleError with the explanation."""
     start = time.perf_counter()
     results = []
-    spaces = [Space(problem, lnc) for lnc in problem.lnc_values]
+    # the target's default LNC first; its optimum is then a cutoff for the others, which
+    # usually proves them no better at once (branch and bound across LNC values)
+    default = problem.target.chip.lnc_default
+    spaces = [Space(problem, lnc) for lnc in sorted(problem.lnc_values, key=lambda v: v != default)]
     for i, space in enumerate(spaces):
         remaining = max(1.0, (time_limit - (time.perf_counter() - start)) / (len(spaces) - i))
-        results.append(solve_space(space, remaining, workers, seed, runners_up=top))
+        incumbent = min((r.objective for r in results if r.evaluation is not None), default=None)
+        results.append(solve_space(space, remaining, workers, seed, runners_up=top, cutoff=incumbent))
     found = [r for r in results if r.evaluation is not None]
     if not found:
         if all(r.status == "INFEASIBLE" for r in results):
@@ -53,8 +57,8 @@ def solve(problem: Problem, time_limit: float = 60.0, workers: int = 2, seed: in
         raise InfeasibleError(f"no layout found within {time_limit:g} s (statuses: "
                               f"{', '.join(f'LNC={r.lnc} {r.status}' for r in results)}); raise --time-limit")
     best = min(found, key=lambda r: r.objective)
-    bound = min(r.bound if r.status == "OPTIMAL" or r.evaluation else 0.0 for r in results if r.status != "INFEASIBLE")
-    proven = all(r.status in ("OPTIMAL", "INFEASIBLE") for r in results)
+    bound = min(r.bound if r.evaluation else 0.0 for r in results if r.status not in ("INFEASIBLE", "NO_BETTER"))
+    proven = all(r.status in ("OPTIMAL", "INFEASIBLE", "NO_BETTER") for r in results)
     gap = 0.0 if proven else max(0.0, (best.objective - bound) / best.objective)
     runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e is not best.evaluation),
                      key=lambda e: objective_value(e, problem.objective))[:top]

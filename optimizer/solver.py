@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
@@ -39,33 +40,49 @@ from trnopt.optimizer.space import INTERLEAVES, ZERO_STAGES, Problem, Space, div
 from trnopt.optimizer.steptime import (BACKWARD_SHARE, compute_time, ep_alltoalls_per_layer,
                                        tp_collectives_per_layer)
 
-TICKS_PER_COMPUTE = 10**9
-GOODPUT_SCALE = 2**25  # 1/goodput in units of 2^-25: 3e-8 relative
-# Bounds of intermediate products: a layout whose time passes 2^52 ticks (4.5 million
-# times the best compute time) or whose memory passes 2^52 bytes (4 PiB) is far from any
-# optimum and any HBM, so variable domains stop there and keep every sum inside int64.
-CAP = 2**52
+TICKS_PER_COMPUTE = 2**24  # ticks in the best compute time
+GOODPUT_SCALE = 2**24  # 1/goodput in units of 2^-24: 6e-8 relative
+OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (doubles)
+# Magnitudes. CP-SAT propagates products and bounds in int64 and bounds the objective
+# with doubles; with values near 2^52 it was seen to prove a wrong optimum (a test found
+# it). So every time and memory variable stops at 2^44: a time past 2^44 ticks (a million
+# times the best compute) or a memory past 2^44 bytes (16 TiB per chip) is far from any
+# optimum and any HBM. Every product pairs such a variable with a multiplier below 2^17.
+CAP = 2**44
 
 
 class SolverMismatch(AssertionError):
     """The CP-SAT objective and the cost model's score of the same layout disagree: a bug."""
 
 
+Value = Callable[[object], float]  # the solver's value of an expression in a solution
+
+
+def _exact(value: Value) -> float:
+    return 0.0
+
+
 @dataclass(frozen=True)
 class Term:
-    """An integer expression with known bounds (all quantities here are non-negative)."""
+    """An integer expression with known bounds, and ``error``: given the solution's values, a
+    bound on how far it is from the exact real value because table entries were rounded."""
 
     expr: object
     lo: int
     hi: int
+    error: Callable[[Value], float] = _exact
 
     @property
     def constant(self) -> bool:
         return self.lo == self.hi
 
 
-def const(v: int) -> Term:
-    return Term(int(v), int(v), int(v))
+def _fixed(err: float) -> Callable[[Value], float]:
+    return (lambda value: err) if err else _exact
+
+
+def const(v: int, err: float = 0.0) -> Term:
+    return Term(int(v), int(v), int(v), _fixed(err))
 
 
 @dataclass
@@ -77,14 +94,18 @@ class LnCResult:
     bound: float
     seconds: float
     runners_up: list[Evaluation] = field(default_factory=list)
+    rounding: float = 0.0  # seconds: how far the integer objective may be from the cost model's
 
 
 class LayoutModel:
     """The CP-SAT model of one Space (one LNC, one domain count)."""
 
-    def __init__(self, space: Space, memory_objective: bool = False, step_bound: float | None = None):
-        """``step_bound`` (seconds) caps the step time; the goodput objective needs one (see _objective)."""
+    def __init__(self, space: Space, memory_objective: bool = False, step_bound: float | None = None,
+                 scoring: bool = False):
+        """``step_bound`` (seconds) caps the step time; the goodput objective needs one (see _objective).
+        ``scoring`` keeps every layout in (no HBM limit, no symmetry breaking), to score a given one."""
         self.space, self.problem = space, space.problem
+        self.scoring = scoring
         self.step_bound = step_bound
         self.coarse_bits = 0
         self.model = cp_model.CpModel()
@@ -107,33 +128,42 @@ class LayoutModel:
     def ticks(self, seconds: float) -> int:
         return int(round(seconds / self.tick))
 
-    def var(self, lo: int, hi: int, name: str, cap: int = CAP) -> Term:
+    def var(self, lo: int, hi: int, name: str, cap: int = CAP, error=_exact) -> Term:
         hi = min(hi, cap)
-        term = Term(self.model.new_int_var(min(lo, hi), hi, self._name(name)), min(lo, hi), hi)
+        term = Term(self.model.new_int_var(min(lo, hi), hi, self._name(name)), min(lo, hi), hi, error)
         self.named[name] = term  # the latest variable of each name, for debugging
         return term
 
     def materialise(self, a: Term, name: str) -> Term:
         if isinstance(a.expr, (int, cp_model.IntVar)):
             return a
-        v = self.var(a.lo, a.hi, name)
+        v = self.var(a.lo, a.hi, name, error=a.error)
         self.model.add(v.expr == a.expr)
         return v
 
-    def table(self, index: Term, values: list[int], name: str) -> Term:
+    def table(self, index: Term, values: list[int], name: str, err: float = 0.0) -> Term:
+        """values[index]; ``err`` 0.5 for entries rounded to whole ticks, 0 for exact integers.
+        Entries saturate at CAP: every table feeds a sum or product that only grows with it."""
+        values = [min(v, CAP) for v in values]
         if len(set(values)) == 1:
-            return const(values[0])
-        v = self.var(min(values), max(values), name)
+            return const(values[0], err)
+        v = self.var(min(values), max(values), name, error=_fixed(err))
         self.model.add_element(self.materialise(index, name + "_index").expr, values, v.expr)
         return v
 
     def mul(self, a: Term, b: Term, name: str, cap: int = CAP) -> Term:
+        ea, eb = a.error, b.error
+
+        def error(value: Value) -> float:
+            da, db = ea(value), eb(value)
+            return da * value(b.expr) + db * value(a.expr) + da * db
+
         if a.constant and b.constant:
-            return const(a.lo * b.lo)
+            return Term(a.lo * b.lo, a.lo * b.lo, a.lo * b.lo, error)
         if a.constant or b.constant:
             k, x = (a.lo, b) if a.constant else (b.lo, a)
-            return Term(k * x.expr, k * x.lo, k * x.hi) if k else const(0)
-        v = self.var(a.lo * b.lo, a.hi * b.hi, name, cap)
+            return Term(k * x.expr, k * x.lo, k * x.hi, error) if k else const(0)
+        v = self.var(a.lo * b.lo, a.hi * b.hi, name, cap, error)
         self.model.add_multiplication_equality(v.expr, [self.materialise(a, name + "_a").expr,
                                                         self.materialise(b, name + "_b").expr])
         return v
@@ -141,18 +171,26 @@ class LayoutModel:
     def div(self, a: Term, b: Term, name: str) -> Term:
         if b.constant and b.lo == 1:
             return a
+        ea = a.error
+
+        def error(value: Value) -> float:
+            return ea(value) / max(value(b.expr), 1) + 1  # the division truncates
+
         if a.constant and b.constant:
-            return const(a.lo // b.lo)
-        v = self.var(a.lo // max(b.hi, 1), a.hi // max(b.lo, 1), name)
+            return Term(a.lo // b.lo, a.lo // b.lo, a.lo // b.lo, error)
+        v = self.var(a.lo // max(b.hi, 1), a.hi // max(b.lo, 1), name, error=error)
         self.model.add_division_equality(v.expr, self.materialise(a, name + "_n").expr,
                                          self.materialise(b, name + "_d").expr)
         return v
 
     def add(self, *terms: Term) -> Term:
-        return Term(sum(t.expr for t in terms), sum(t.lo for t in terms), sum(t.hi for t in terms))
+        errors = [t.error for t in terms if t.error is not _exact]
+        return Term(sum(t.expr for t in terms), sum(t.lo for t in terms), sum(t.hi for t in terms),
+                    (lambda value: sum(e(value) for e in errors)) if errors else _exact)
 
     def maximum(self, a: Term, b: Term, name: str) -> Term:
-        v = self.var(max(a.lo, b.lo), max(a.hi, b.hi), name)
+        ea, eb = a.error, b.error
+        v = self.var(max(a.lo, b.lo), max(a.hi, b.hi), name, error=lambda value: max(ea(value), eb(value)))
         self.model.add_max_equality(v.expr, [a.expr, b.expr])
         return v
 
@@ -199,6 +237,15 @@ class LayoutModel:
         # micro-batches per step
         self.m = self.var(1, self.problem.workload.training.global_batch, "micro_batches")
 
+    def dp_index(self) -> Term:
+        """Index of the total data parallelism (ep * dp) in ``self.dp_values``."""
+        if len(self.dp_values) == 1:
+            return const(0)
+        if self._dp_index is None:
+            self._dp_index = self.var(0, len(self.dp_values) - 1, "dp_index")
+            self.model.add_element(self._dp_index.expr, self.dp_values, self.materialise(self.dp_total, "dpv").expr)
+        return self._dp_index
+
     def degree(self, dim: str) -> Term:
         return self.value(self.deg[dim], self.degree_values[dim]) if dim in self.active else const(1)
 
@@ -217,11 +264,11 @@ class LayoutModel:
         """Look up fn(span) over every placement row of a dimension (or of the dense DP group)."""
         axes = self.space.axes
         if dim_choice is None:
-            return const(fn(()))
+            return const(fn(()), err=0.5)
         values = []
         for row in _rows(self.axis_divisors):
             values.append(fn(tuple((a, f) for a, f in zip(axes, row) if f > 1)))
-        return self.table(self.row_index(dim_choice), values, name)
+        return self.table(self.row_index(dim_choice), values, name, err=0.5)
 
     # -- constraints --------------------------------------------------------------------
     def _constraints(self):
@@ -236,6 +283,18 @@ class LayoutModel:
                     md.add(sum(prime_exponents(v).get(p, 0) * b for v, b in zip(divs, self.dpg[j]))
                            == sum(prime_exponents(v).get(p, 0) * b for d in ("ep", "dp")
                                   for v, b in zip(divs, self.place[d][j])))
+        # identical neighbouring axes (the x and y of a torus) are interchangeable: keep only the
+        # placements whose per-dimension factors on the first are lexicographically >= the second's
+        for j in range(0 if self.scoring else len(space.axes) - 1):
+            a0, a1 = space.axes[j], space.axes[j + 1]
+            if (a0.kind, a0.size, a0.bandwidth, a0.latency) != (a1.kind, a1.size, a1.bandwidth, a1.latency):
+                continue
+            base = len(self.axis_divisors[j])
+            keys = []
+            for axis_j in (j, j + 1):
+                keys.append(sum(base ** (len(self.active) - 1 - i) * k * b for i, d in enumerate(self.active)
+                                for k, b in enumerate(self.place[d][axis_j])))
+            md.add(keys[0] >= keys[1])
         # a dimension's degree is the product of its factors (exponents again)
         for d in self.active:
             for p in prime_exponents(space.ranks):
@@ -244,6 +303,9 @@ class LayoutModel:
                        == sum(prime_exponents(v).get(p, 0) * b for v, b in zip(self.degree_values[d], self.deg[d])))
         # the global batch splits into dp * micro-batch * m
         self.dp_total = self.mul(self.degree("ep"), self.degree("dp"), "dp_total")
+        self.dp_values = sorted({a * b for a in self.degree_values.get("ep", (1,))
+                                 for b in self.degree_values.get("dp", (1,))})
+        self._dp_index = None
         self.b = self.value(self.micro, self.space.micro_batches)
         self.v = self.value(self.inter, self.interleaves)
         batch = self.model.new_constant(self.problem.workload.training.global_batch)
@@ -258,7 +320,7 @@ class LayoutModel:
                     md.add_bool_or([b.Not(), v2.Not()])
             md.add_modulo_equality(0, self.m.expr, self.materialise(self.degree("pp"), "pp").expr).only_enforce_if(v2)
         self.memory = self._memory()
-        if not self.memory_objective:
+        if not self.scoring and not self.memory_objective:
             usable = int(self.problem.target.chip.hbm_bytes * (1 - self.problem.headroom))
             md.add(self.memory.expr <= usable)
 
@@ -271,13 +333,18 @@ class LayoutModel:
         ranks, c = space.ranks, space.axes[0].size
         per_param = tr.state_bytes_per_param
         unsharded = {0: per_param, 1: tr.weight_bytes + tr.grad_bytes, 2: tr.weight_bytes, 3: 0}
-        # state per rank = cp * (u(zero) * (P_d * dp + P_e * dp/ep) + (16 - u) * P) / ranks
-        replicated = self.add(self.mul(const(dense), self.dp_total, "rep_d"),
-                              self.mul(const(experts), self.degree("dp"), "rep_e"))
+        # state per rank = cp * (u(zero) * (P_d * dp + P_e * dp/ep) + (16 - u) * P) / ranks, with
+        # the parameter shares per rank looked up by dp so that no term outgrows what it counts
+        dp_index = self.dp_index()
+        replicated = self.add(
+            self.table(dp_index, [round(dense * dp / ranks) for dp in self.dp_values], "rep_d"),
+            self.table(self.index(self.deg["dp"]) if "dp" in self.active else const(0),
+                       [round(experts * d / ranks) for d in self.degree_values.get("dp", (1,))], "rep_e"))
         u = self.table(self.index(self.zero), [unsharded[z] for z in ZERO_STAGES], "unsharded")
         s = self.table(self.index(self.zero), [per_param - unsharded[z] for z in ZERO_STAGES], "sharded")
-        state = self.add(self.mul(u, replicated, "state_rep"), self.mul(s, const(dense + experts), "state_sh"))
-        state = self.div(self.mul(self.degree("cp"), state, "state_cp"), const(ranks), "state")
+        state = self.add(self.mul(u, replicated, "state_rep"),
+                         self.mul(s, const(round((dense + experts) / ranks)), "state_sh"))
+        state = self.mul(self.degree("cp"), state, "state")
         # activations per rank = A(rc, tp, cp) * b * layers/stage * in-flight * interleave factor
         tp_b, tp_v = self.degree_index("tp")
         cp_b, cp_v = self.degree_index("cp")
@@ -321,18 +388,26 @@ class LayoutModel:
         self.step = self._step()
         objective = self.step
         if self.problem.objective == "goodput":
-            # step / goodput as step * (2^25 / goodput). The product must stay in int64, so the
-            # step is bounded (by the step-time optimum's own objective, see solve_space) and,
-            # when that bound is large, counted in units of 2^k ticks: k keeps the product
-            # under 2^62 while the step keeps more than 30 significant bits.
+            # step / goodput as step * (2^24 / goodput). CP-SAT bounds the objective with
+            # doubles, so the product must stay well below 2^53: the step is bounded (by the
+            # step-time optimum's own objective, see solve_space) and counted in units of
+            # 2^k ticks, k keeping the product under 2^50 with 26 significant bits of step.
             inverse = self._inverse_goodput()
             bound = self.ticks(self.step_bound) if self.step_bound else CAP
             self.model.add(self.step.expr <= bound)
-            self.coarse_bits = max(0, bound.bit_length() + inverse.hi.bit_length() - 62)
-            coarse = self.div(Term(self.step.expr, self.step.lo, bound), const(2**self.coarse_bits), "coarse_step")
+            self.coarse_bits = max(0, bound.bit_length() + inverse.hi.bit_length() - OBJECTIVE_BITS)
+            coarse = self.div(Term(self.step.expr, self.step.lo, bound, self.step.error), const(2**self.coarse_bits),
+                              "coarse_step")
             objective = self.mul(coarse, inverse, "per_good_step", cap=2**62)
         self.objective = objective
         self.model.minimize(objective.expr)
+
+    @property
+    def objective_unit(self) -> float:
+        """Seconds (of step, or of step / goodput) per unit of the integer objective."""
+        if self.problem.objective == "goodput":
+            return self.tick * 2**self.coarse_bits / GOODPUT_SCALE
+        return self.tick
 
     def _step(self) -> Term:
         p, space = self.problem, self.space
@@ -349,7 +424,7 @@ class LayoutModel:
         # compute, by (recompute, tp)
         compute = self.table(self.pair_index(self.rc, tp_b) if len(tp_v) > 1 else self.index(self.rc),
                              [self.ticks(compute_time(w, t, tp, rc, R, space.lnc)) for rc in RECOMPUTE for tp in tp_v],
-                             "compute")
+                             "compute", err=0.5)
         self.compute = compute
         rc_pp = self.pair_index(self.rc, pp_b) if len(pp_v) > 1 else self.index(self.rc)
         ls_of = [math.ceil(mdl.layers / pp) for pp in pp_v]
@@ -464,33 +539,34 @@ class LayoutModel:
         if dense_group is not None:
             dp_full = group_time("all_reduce", g, "dp")
             half = self.div(dp_full, const(2), "dp_half")
-            dp_total = self.var(0, dp_full.hi, "dp_comm")
+            dp_total = self.var(0, dp_full.hi, "dp_comm", error=dp_full.error)
             self.model.add(dp_total.expr == dp_full.expr).only_enforce_if(z3.Not())
             self.model.add(dp_total.expr == half.expr).only_enforce_if(z3)
             bw12 = self.table(self.index(self.rc), [int(round(12 * BACKWARD_SHARE[rc])) for rc in RECOMPUTE], "bw12")
             window = self.div(self.mul(work, bw12, "window_n"), self.mul(const(12), m, "window_d"), "window")
             first = self.div(dp_total, self.ls, "dp_bucket")
-            rest = Term(dp_total.expr - window.expr, -window.hi, dp_total.hi)
+            rest = Term(dp_total.expr - window.expr, -window.hi, dp_total.hi, self.add(dp_total, window).error)
             step.append(self.maximum(first, rest, "dp_exposed"))
 
             # ZeRO-3: 2 m gathers of the weights per step, hidden under compute but the first layer
-            gather = group_time("all_gather", wb, "z3")
+            # zero unless ZeRO-3 before any product, so that a huge gather time cannot exclude
+            # the layouts that do not gather at all
+            gather_time = group_time("all_gather", wb, "z3")
+            gather = self.var(0, gather_time.hi, "z3_gather", error=gather_time.error)
+            self.model.add(gather.expr == gather_time.expr).only_enforce_if(z3)
+            self.model.add(gather.expr == 0).only_enforce_if(z3.Not())
             gathers = self.mul(const(2), self.mul(m, gather, "z3_m"), "z3_all")
             z3_first = self.div(gather, self.ls, "z3_first")
-            z3_rest = Term(gathers.expr - compute.expr, -compute.hi, gathers.hi)
-            z3_exposed = self.maximum(z3_first, z3_rest, "z3_max")
-            z3_term = self.var(0, z3_exposed.hi, "zero3")
-            self.model.add(z3_term.expr == z3_exposed.expr).only_enforce_if(z3)
-            self.model.add(z3_term.expr == 0).only_enforce_if(z3.Not())
-            step.append(z3_term)
+            z3_rest = Term(gathers.expr - compute.expr, -compute.hi, gathers.hi, self.add(gathers, compute).error)
+            step.append(self.maximum(z3_first, z3_rest, "zero3"))
 
         # optimizer: reads and writes the rank's (sharded) state once at HBM bandwidth
         per_byte = 2 * tr.state_bytes_per_param * c / t.chip.hbm_bandwidth / R
-        sharded = self.ticks(per_byte * (dense + experts))
+        sharded = self.ticks(per_byte * (dense + experts))  # rounded: err 0.5
         z0 = self.zero[0]
-        unsharded = self.add(self.mul(const(self.ticks(per_byte * dense)), self.dp_total, "opt_d"),
-                             self.mul(const(self.ticks(per_byte * experts)), self.degree("dp"), "opt_e"))
-        opt = self.var(0, max(unsharded.hi, sharded), "opt")
+        unsharded = self.add(self.mul(const(self.ticks(per_byte * dense), 0.5), self.dp_total, "opt_d"),
+                             self.mul(const(self.ticks(per_byte * experts), 0.5), self.degree("dp"), "opt_e"))
+        opt = self.var(0, max(unsharded.hi, sharded), "opt", error=lambda value: max(unsharded.error(value), 0.5))
         self.model.add(opt.expr == unsharded.expr).only_enforce_if(z0)
         self.model.add(opt.expr == sharded).only_enforce_if(z0.Not())
         step.append(self.mul(cp_deg, opt, "opt_cp"))
@@ -502,22 +578,19 @@ class LayoutModel:
         p, space = self.problem, self.space
         chips = space.ranks // space.axes[0].size
         ckpt = checkpoint_bytes(p.workload)
-        dp_values = sorted({a * b for a in self.degree_values.get("ep", (1,)) for b in self.degree_values.get("dp", (1,))})
+        dp_values = self.dp_values
         table = []
         for zero in ZERO_STAGES:
             for dp in dp_values:
                 writers = chips if zero >= 1 else max(1, chips // dp)
                 good = reliability(p.target, chips, ckpt, writers).goodput
                 table.append(int(round(GOODPUT_SCALE / max(good, 1e-9))))
-        dp_index = self.var(0, len(dp_values) - 1, "dp_index")
-        self.model.add_element(dp_index.expr, dp_values, self.materialise(self.dp_total, "dpv").expr)
-        return self.table(self.add(self.mul(self.index(self.zero), const(len(dp_values)), "gz"), dp_index),
-                          table, "inv_goodput")
+        return self.table(self.add(self.mul(self.index(self.zero), const(len(dp_values)), "gz"), self.dp_index()),
+                          table, "inv_goodput", err=0.5)
 
     # -- hint ---------------------------------------------------------------------------
     def _hint(self):
-        """A greedy layout as the starting point: TP on the fastest axes up to 8 ranks, the rest
-        data parallel, ZeRO-1, selective recompute; falls back to full recompute and ZeRO-3."""
+        """A greedy layout as the starting point (``greedy_layout``)."""
         hint = greedy_layout(self.space)
         if hint is None:
             return
@@ -583,9 +656,10 @@ def _rows(axis_divisors: list[tuple[int, ...]]):
 
 
 def greedy_layout(space: Space) -> Layout | None:
-    """TP on the fastest axes (up to 8 ranks), the rest data parallel; the first plan that fits."""
+    """TP on the fastest axes (8 ranks, else the nearest degree), the rest data parallel; the first
+    plan that fits."""
     p = space.problem
-    for tp in sorted((t for t in space.degrees["tp"] if t <= 8), reverse=True):
+    for tp in sorted(space.degrees["tp"], key=lambda t: (abs(math.log2(t / 8)), -t)):
         for zero, rc in ((1, "selective"), (1, "full"), (3, "full")):
             dp = space.ranks // tp
             try:
@@ -620,8 +694,12 @@ def _solver(time_limit: float, workers: int, seed: int) -> cp_model.CpSolver:
 
 
 def solve_space(space: Space, time_limit: float = 60.0, workers: int = 2, seed: int = 0,
-                runners_up: int = 0) -> LnCResult:
-    """Solve one LNC's space; re-score the answer with the cost model and check they agree."""
+                runners_up: int = 0, cutoff: float | None = None) -> LnCResult:
+    """Solve one LNC's space; re-score the answer with the cost model and check they agree.
+
+    ``cutoff`` (the objective of a layout found elsewhere, e.g. at another LNC) keeps only
+    layouts at least as good: status NO_BETTER then proves there is none, usually at once.
+    """
     start = time.perf_counter()
     p = space.problem
     bound = None
@@ -633,21 +711,25 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = 2, seed: 
         bound = objective_value(first.evaluation, "goodput") * 1.000001 + 1e-12
         time_limit = max(1.0, time_limit - (time.perf_counter() - start))
     lm = LayoutModel(space, step_bound=bound)
+    if cutoff is not None:
+        lm.model.add(lm.objective.expr <= math.floor(cutoff * (1 + 1e-6) / lm.objective_unit) + 1)
     solver = _solver(time_limit, workers, seed)
     status = STATUS[solver.solve(lm.model)]
+    if status == "INFEASIBLE" and cutoff is not None:
+        status = "NO_BETTER"
     if status not in ("OPTIMAL", "FEASIBLE"):
         return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start)
     layout = lm.layout(solver)
     e = evaluate(p.workload, layout, p.target, p.headroom, p.hidden, p.with_latency)
-    check_agreement(lm, solver.objective_value, e)
+    check_agreement(lm, solver, e)
     objective = objective_value(e, p.objective)
     scale = objective / solver.objective_value if solver.objective_value else 0.0
     result = LnCResult(space.lnc, status, e, objective, solver.best_objective_bound * scale,
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, rounding=lm.objective.error(solver.value) * lm.objective_unit)
     for _ in range(runners_up):
         lm.forbid_degrees(result.runners_up[-1].layout if result.runners_up else layout)
         lm.model.clear_hints()
-        sub = _solver(max(1.0, time_limit / 4), workers, seed)
+        sub = _solver(max(1.0, time_limit / 10), workers, seed)
         if STATUS[sub.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
             break
         result.runners_up.append(evaluate(p.workload, lm.layout(sub), p.target, p.headroom, p.hidden,
@@ -655,18 +737,24 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = 2, seed: 
     return result
 
 
-def check_agreement(lm: LayoutModel, solver_objective: float, e: Evaluation):
-    """The solver's integer objective must equal the cost model's score up to table rounding."""
-    p = lm.problem
-    expected = objective_value(e, p.objective) / lm.tick
-    unit = 1
-    if p.objective == "goodput":
-        expected *= GOODPUT_SCALE / 2**lm.coarse_bits
-        unit = GOODPUT_SCALE
-    tolerance = 1e-6 * expected + 64 * unit
-    if abs(expected - solver_objective) > tolerance:
-        raise SolverMismatch(f"CP-SAT objective {solver_objective:.0f} ticks vs cost model {expected:.0f} "
+def check_agreement(lm: LayoutModel, solver: cp_model.CpSolver, e: Evaluation):
+    """The solver's integer objective must equal the cost model's score within the rounding
+    bound the model carries (Term.err) plus float noise; anything more is a bug."""
+    expected = objective_value(e, lm.problem.objective) / lm.objective_unit
+    tolerance = lm.objective.error(solver.value) + 1e-9 * expected + 1
+    if abs(expected - solver.objective_value) > tolerance:
+        raise SolverMismatch(f"CP-SAT objective {solver.objective_value:.0f} ticks vs cost model {expected:.0f} "
                              f"for {e.layout.describe()} [{e.layout.placement_text()}]")
+
+
+def score_layout(space: Space, layout: Layout, workers: int = 1) -> tuple[float, float]:
+    """(objective, rounding) of one layout in the CP-SAT model, in the objective's seconds."""
+    lm = LayoutModel(space, scoring=True)
+    lm.fix(layout)
+    solver = _solver(30.0, workers, 0)
+    if STATUS[solver.solve(lm.model)] != "OPTIMAL":
+        raise SolverMismatch(f"the model rejects {layout.describe()} [{layout.placement_text()}]")
+    return solver.objective_value * lm.objective_unit, lm.objective.error(solver.value) * lm.objective_unit
 
 
 def minimum_memory(space: Space, time_limit: float = 20.0, workers: int = 2, seed: int = 0) -> float | None:

@@ -1,5 +1,6 @@
 """CP-SAT against brute force on spaces small enough to enumerate, and the seed's worked example."""
 
+import itertools
 import math
 import os
 
@@ -12,7 +13,7 @@ from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.evaluate import evaluate, objective_value
 from trnopt.optimizer.layout import Layout, default_placement
 from trnopt.optimizer.search import explain_infeasible, solve
-from trnopt.optimizer.solver import solve_space
+from trnopt.optimizer.solver import score_layout, solve_space
 from trnopt.optimizer.space import Problem, Space
 from trnopt.optimizer.target import load_target, parse_target
 from trnopt.optimizer.workload import Training, Workload, load_model, parse_model
@@ -71,10 +72,12 @@ def test_cp_sat_equals_brute_force(problem):
     assert all(r.status in ("OPTIMAL", "INFEASIBLE") for r in results)
     best = min((r for r in results if r.evaluation), key=lambda r: r.objective)
     expected = objective_value(reference.best, problem.objective)
-    # tables hold times in ticks of 1e-9 of the compute time: that rounding is all that may differ
-    assert best.objective == pytest.approx(expected, rel=1e-6), (
+    # the integer model may be off the cost model by its own rounding, on either layout
+    _, reference_rounding = score_layout(Space(problem, reference.best.layout.lnc), reference.best.layout)
+    assert expected * (1 - 1e-12) <= best.objective <= expected + best.rounding + reference_rounding, (
         f"CP-SAT {best.evaluation.layout.describe()} [{best.evaluation.layout.placement_text()}] vs brute force "
-        f"{reference.best.layout.describe()} [{reference.best.layout.placement_text()}]")
+        f"{reference.best.layout.describe()} [{reference.best.layout.placement_text()}]; "
+        f"{best.evaluation.step} vs {reference.best.step}; {best.evaluation.reliability} vs {reference.best.reliability}")
     assert best.evaluation.fits
 
 
@@ -115,7 +118,19 @@ def test_infeasible_gets_an_explanation():
 
 def test_time_limit_gives_best_found_with_gap():
     p = Problem(Workload(load_model("llama3-405b"), Training()), load_target("trn2u"), domains=16, lnc=(2,))
-    result = solve(p, time_limit=1.0, top=0)
+    result = solve(p, time_limit=5.0, top=0)
     assert result.best.fits
     assert result.status in ("OPTIMAL", "FEASIBLE")
     assert math.isfinite(result.gap) and result.gap >= 0
+
+
+def test_model_scores_every_layout_like_the_cost_model():
+    problem = Problem(Workload(load_model("mixtral-8x7b"), Training(seq=4096, global_batch=32)),
+                      load_target("trn2u"), 1, lnc=(2,))
+    space = Space(problem, 2)
+    layouts = list(itertools.islice(space.layouts(), 0, None, 997))[:25]
+    assert len(layouts) >= 10
+    for layout in layouts:
+        value, rounding = score_layout(space, layout)
+        e = evaluate(problem.workload, layout, problem.target)
+        assert abs(value - e.step.total) <= rounding + 1e-9 * e.step.total, layout.describe()
