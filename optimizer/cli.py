@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from trnopt.optimizer import catalog, checkmap, compare, export, mapview
@@ -25,16 +26,22 @@ from trnopt.optimizer.workload import DEFAULT_MODEL, Training, Workload, load_mo
 DEFAULT_TARGET = "trn2u"
 
 
-def write_output(path: str, payload: dict | str, force: bool = False) -> None:
-    """Write JSON (or text) to a file, or to stdout for '-'; never overwrite a file unless forced."""
-    text = payload if isinstance(payload, str) else json.dumps(payload, indent=2) + "\n"
+def write_output(path: str, payload: dict | str | bytes, force: bool = False, flag: str = "--json") -> None:
+    """Write JSON, text or bytes to a file, or to stdout for '-'; never overwrite a file unless forced."""
+    data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload, indent=2) + "\n"
     if path == "-":
-        sys.stdout.write(text)
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(data)
         return
     out = Path(path)
     if out.exists() and not force:
-        raise InputError(path, "--json", "file exists; trnopt never overwrites a file (pass --force to replace it)")
-    out.write_text(text, encoding="utf-8")
+        raise InputError(path, flag, "file exists; trnopt never overwrites a file (pass --force to replace it)")
+    if isinstance(data, bytes):
+        out.write_bytes(data)
+    else:
+        out.write_text(data, encoding="utf-8")
 
 
 def add_problem_args(p: argparse.ArgumentParser, model_default: str | None = DEFAULT_MODEL) -> None:
@@ -131,7 +138,7 @@ def cmd_solve(args) -> int:
         raise InputError("--objective", "objective", f"must be one of {', '.join(OBJECTIVES)}")
     domains = domains_from_args(target, args)
     problem = Problem(workload, target, domains or 1, args.headroom, args.objective,
-                      lnc=(args.lnc,) if args.lnc else None)
+                      lnc=(args.lnc,) if args.lnc else None, zero_stages=zero_stages_from_args(args))
     note = ""
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed)
@@ -145,7 +152,7 @@ def cmd_solve(args) -> int:
                     f"{need / GIB:.1f} GiB/chip); pass {domain_flag(target, found)} to choose")
         else:
             note = f"no domain count given: one {target.name} domain is enough"
-        problem = Problem(workload, target, found, args.headroom, args.objective, lnc=problem.lnc)
+        problem = replace(problem, domains=found)
     result = solve(problem, args.time_limit, args.workers, args.seed, args.top)
     result.domains_note = note
     info = problem_dict(args.target, args.model, workload, problem.domains)
@@ -199,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
     add_problem_args(p)
     p.add_argument("--objective", default="step-time", help="step-time (default) or goodput")
     p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
+    p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default all; 0,1 with --format nxd)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole search (default 60)")
     p.add_argument("--top", type=int, default=3, help="runner-up layouts to show (default 3)")
     p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
@@ -209,6 +217,19 @@ def parser() -> argparse.ArgumentParser:
     for command in (compare, mapview, checkmap):
         command.register(sub)
     return top
+
+
+def zero_stages_from_args(args) -> tuple[int, ...]:
+    """--zero-stages 0,1 restricts the search; --format nxd implies 0,1 (NxD Training has ZeRO-1 only)."""
+    if args.zero_stages is None:
+        return (0, 1) if args.format == "nxd" else (0, 1, 2, 3)
+    try:
+        stages = tuple(sorted({int(v) for v in args.zero_stages.split(",")}))
+    except ValueError:
+        stages = ()
+    if not stages or not set(stages) <= {0, 1, 2, 3}:
+        raise InputError("--zero-stages", "zero_stages", f"must be a comma list of 0-3, got {args.zero_stages!r}")
+    return stages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug: say so in one line; --debug shows the traceback
+        if args.debug:
+            raise
+        print(f"trnopt: internal error ({type(exc).__name__}: {exc}); please report it, "
+              "and rerun with --debug for the traceback", file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

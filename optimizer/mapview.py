@@ -15,6 +15,7 @@ The PNG needs matplotlib, an optional extra: ``pip install 'trnopt[plot]'``.
 from __future__ import annotations
 
 import argparse
+import io
 import math
 from dataclasses import dataclass
 
@@ -130,11 +131,8 @@ def png_map(layout: Layout, target: Target, path: str, force: bool = False,
         from matplotlib.patches import Rectangle
     except ImportError:
         raise InputError("--png", "matplotlib", PLOT_HINT) from None
-    from pathlib import Path
+    from trnopt.optimizer.cli import write_output
 
-    out = Path(path)
-    if out.exists() and not force:
-        raise InputError(path, "--png", "file exists; trnopt never overwrites a file (pass --force to replace it)")
     pics = pictures(layout, target)[:max_domains]
     cols, icols = chip_columns(target), instance_columns(target)
     rows = target.chips_per_instance // cols
@@ -172,8 +170,10 @@ def png_map(layout: Layout, target: Target, path: str, force: bool = False,
                      fontsize=font + 1)
     fig.suptitle(f"{layout.describe()}", fontsize=font + 1)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    write_output(path, buffer.getvalue(), force, flag="--png")
 
 
 # -- command ----------------------------------------------------------------------------------

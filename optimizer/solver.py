@@ -230,6 +230,9 @@ class LayoutModel:
             self.dpg = [self.one_hot(divs, f"dpg@{a.name}") for a, divs in zip(axes, self.axis_divisors)]
         # memory plan: ZeRO stage, recomputation, micro-batch size, interleaved stages
         self.zero = self.one_hot(ZERO_STAGES, "zero")
+        for stage, b in zip(ZERO_STAGES, self.zero):
+            if stage not in self.problem.zero_stages:
+                self.model.add(b == 0)
         self.rc = self.one_hot(RECOMPUTE, "recompute")
         self.micro = self.one_hot(space.micro_batches, "micro_batch")
         self.interleaves = INTERLEAVES if "pp" in self.active else (1,)

@@ -53,6 +53,7 @@ class Problem:
     hidden: Mapping[str, float] = field(default_factory=dict)
     lnc: tuple[int, ...] | None = None  # None: every LNC the chip allows
     with_latency: bool = True
+    zero_stages: tuple[int, ...] = ZERO_STAGES  # e.g. (0, 1) for frameworks with ZeRO-1 only
 
     @property
     def lnc_values(self) -> tuple[int, ...]:
@@ -97,7 +98,7 @@ class Space:
             # ordered factorizations of the axis size into n_dims factors
             placements *= math.prod(math.comb(e + n_dims - 1, n_dims - 1)
                                     for e in prime_exponents(axis.size).values())
-        return placements * len(self.micro_batches) * len(INTERLEAVES) * len(ZERO_STAGES) * len(RECOMPUTE)
+        return placements * len(self.micro_batches) * len(INTERLEAVES) * len(self.problem.zero_stages) * len(RECOMPUTE)
 
     def placements(self) -> Iterator[tuple[tuple[int, ...], ...]]:
         """Every placement whose degrees are candidates, as rows in DIMS order."""
@@ -117,7 +118,8 @@ class Space:
         workload = self.problem.workload
         for rows in self.placements():
             deg = {d: math.prod(r) for d, r in zip(DIMS, rows)}
-            for b, v, zero, rc in itertools.product(self.micro_batches, INTERLEAVES, ZERO_STAGES, RECOMPUTE):
+            for b, v, zero, rc in itertools.product(self.micro_batches, INTERLEAVES, self.problem.zero_stages,
+                                                    RECOMPUTE):
                 if v > 1 and deg["pp"] == 1:
                     continue
                 layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
