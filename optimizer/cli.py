@@ -12,11 +12,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from trnopt.optimizer import catalog, checkmap, compare, export, mapview
+from trnopt.optimizer import catalog, checkmap, compare, export, kernelscmd, mapview
 from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.evaluate import DEFAULT_HEADROOM, evaluate
 from trnopt.optimizer.layout import Layout, default_placement
 from trnopt.optimizer.layoutfile import problem_dict
+from trnopt.optimizer.overlapdata import measured as measured_overlap
 from trnopt.optimizer.report import evaluation_dict, evaluation_lines, rank_map_lines, solve_dict, solve_text
 from trnopt.optimizer.search import domain_flag, fewest_domains, least_memory, solve
 from trnopt.optimizer.space import OBJECTIVES, Problem
@@ -138,7 +139,8 @@ def cmd_solve(args) -> int:
         raise InputError("--objective", "objective", f"must be one of {', '.join(OBJECTIVES)}")
     domains = domains_from_args(target, args)
     problem = Problem(workload, target, domains or 1, args.headroom, args.objective,
-                      lnc=(args.lnc,) if args.lnc else None, zero_stages=zero_stages_from_args(args))
+                      lnc=(args.lnc,) if args.lnc else None, zero_stages=zero_stages_from_args(args),
+                      hidden=measured_overlap())  # TP overlap measured by the kernels (kernels/overlap_table.json)
     note = ""
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed)
@@ -214,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, nxd (NxD Training YAML keys) or env (launch environment lines)")
     p.set_defaults(run=cmd_solve)
-    for command in (compare, mapview, checkmap):
+    for command in (compare, mapview, checkmap, kernelscmd):
         command.register(sub)
     return top
 

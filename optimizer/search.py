@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.evaluate import Evaluation, evaluate, objective_value
 from trnopt.optimizer.layout import Layout, default_placement
-from trnopt.optimizer.memory import usable_hbm
-from trnopt.optimizer.solver import greedy_layout, minimum_memory, solve_space
+from trnopt.optimizer.memory import sharded_state_per_chip, usable_hbm
+from trnopt.optimizer.solver import fits, greedy_layout, minimum_memory, solve_space
 from trnopt.optimizer.space import Problem, Space
 from trnopt.optimizer.target import GIB
 
@@ -101,7 +101,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
 
 
 def least_memory(problem: Problem, workers: int = 2, seed: int = 0) -> float:
-    """The least memory per chip (bytes) any layout needs on this problem's machine."""
+    """A floor on the memory per chip (bytes) every layout needs on this problem's machine."""
     values = [minimum_memory(Space(problem, lnc), workers=workers, seed=seed) for lnc in problem.lnc_values]
     return min((v for v in values if v is not None), default=math.inf)
 
@@ -111,7 +111,7 @@ def explain_infeasible(problem: Problem, workers: int = 2, seed: int = 0) -> str
     need = least_memory(problem, workers, seed)
     have = usable_hbm(problem.target, problem.headroom)
     t = problem.target
-    lines = [f"no layout fits: the least memory any layout needs is {need / GIB:.1f} GiB per chip "
+    lines = [f"no layout fits: the least memory any layout needs is at least {need / GIB:.1f} GiB per chip "
              f"(already with the best ZeRO stage and recomputation), against {have / GIB:.1f} GiB usable "
              f"({t.chip.hbm_bytes / GIB:.0f} GiB HBM less {problem.headroom:.0%} headroom)"]
     fits = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed)
@@ -127,8 +127,14 @@ def explain_infeasible(problem: Problem, workers: int = 2, seed: int = 0) -> str
 def fewest_domains(problem: Problem, start: int = 1, workers: int = 2, seed: int = 0) -> int | None:
     """The fewest domains (from ``start``) on which some layout fits with the headroom."""
     have = usable_hbm(problem.target, problem.headroom)
+    t, w = problem.target, problem.workload
+    state = sharded_state_per_chip(w.model.total_params(), 1, w.training.state_bytes_per_param)
     for domains in range(start, MAX_DOMAINS + 1):
-        if least_memory(replace(problem, domains=domains), workers, seed) <= have:
+        # the training state sharded over every chip, plus the reserve, is a floor no layout beats
+        if state / (domains * t.chips_per_domain) + t.runtime_reserve_bytes > have:
+            continue
+        bigger = replace(problem, domains=domains)
+        if any(fits(Space(bigger, lnc), workers=workers, seed=seed) for lnc in bigger.lnc_values):
             return domains
     return None
 

@@ -760,10 +760,21 @@ def score_layout(space: Space, layout: Layout, workers: int = 1) -> tuple[float,
     return solver.objective_value * lm.objective_unit, lm.objective.error(solver.value) * lm.objective_unit
 
 
-def minimum_memory(space: Space, time_limit: float = 20.0, workers: int = 2, seed: int = 0) -> float | None:
-    """The least memory per chip any layout of the space needs (bytes), ignoring the HBM limit."""
+def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = 2, seed: int = 0) -> float | None:
+    """A floor on the memory per chip (bytes) every layout of the space needs, HBM limit ignored:
+    the least memory when proven within the time limit, else CP-SAT's proven bound."""
     lm = LayoutModel(space, memory_objective=True)
     solver = _solver(time_limit, workers, seed)
     if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
         return None
-    return solver.objective_value
+    return solver.best_objective_bound
+
+
+def fits(space: Space, time_limit: float = 20.0, workers: int = 2, seed: int = 0) -> bool | None:
+    """Whether some layout of the space fits the HBM limit (None: undecided within the time limit)."""
+    lm = LayoutModel(space, memory_objective=True)
+    lm.model.add(lm.memory.expr <= int(space.problem.target.chip.hbm_bytes * (1 - space.problem.headroom)))
+    lm.model.clear_objective()
+    solver = _solver(time_limit, workers, seed)
+    status = STATUS[solver.solve(lm.model)]
+    return {"OPTIMAL": True, "FEASIBLE": True, "INFEASIBLE": False}.get(status)
