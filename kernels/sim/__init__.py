@@ -14,7 +14,8 @@ installed, these modules otherwise): ``nki`` is ``trnopt.kernels.sim.nki``, ``nl
 from __future__ import annotations
 
 from . import collectives, isa, language, nki, rates
-from .errors import CollectiveMismatchError, ConstraintError, SimulatorError, UninitializedReadError
+from .errors import (CollectiveMismatchError, ConstraintError, SimulatorError, SymmetryError,
+                     UninitializedReadError)
 from .rates import DEFAULT_LINK, LinkModel
 from .runner import Kernel, SimResult, TensorSpec, run_ranks
 from .tensor import MemoryRegion, NkiTensor
@@ -22,6 +23,6 @@ from .timeline import Timeline
 
 __all__ = [
     "run_ranks", "SimResult", "Timeline", "LinkModel", "DEFAULT_LINK", "TensorSpec", "Kernel",
-    "SimulatorError", "ConstraintError", "UninitializedReadError", "CollectiveMismatchError",
+    "SimulatorError", "ConstraintError", "UninitializedReadError", "CollectiveMismatchError", "SymmetryError",
     "MemoryRegion", "NkiTensor", "nki", "language", "isa", "collectives", "rates",
 ]

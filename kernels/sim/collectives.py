@@ -31,7 +31,7 @@ import numpy as np
 
 from . import checks
 from . import language as nl
-from .errors import ConstraintError, SimulatorError
+from .errors import ConstraintError, SimulatorError, SymmetryError
 from .language import NKIObject
 from .rendezvous import Deposit
 from .state import current as _current
@@ -81,10 +81,24 @@ def _my_list(ctx: Any, group: Any, w: str) -> tuple[int, ...]:
         bad = [r for r in g if not 0 <= r < ctx.world]
         if bad:
             raise ConstraintError(f"{w}: {group} names rank(s) {bad} outside the {ctx.world} ranks of the run")
+    if ctx.rendezvous.symmetric:
+        _check_symmetric_group(ctx, group.groups, w)
     for g in group.groups:
         if ctx.rank in g:
             return g
     raise ConstraintError(f"{w}: rank {ctx.rank} is in no rank-list of {group}")
+
+
+def _check_symmetric_group(ctx: Any, groups: tuple[tuple[int, ...], ...], w: str) -> None:
+    """A symmetric run assumes every rank is in a rank-list of the same size (so every rank
+    issues the same collective with the same timing); refuse a group that breaks this."""
+    sizes = {len(g) for g in groups}
+    covered = sum(len(g) for g in groups)
+    if len(sizes) != 1 or covered != ctx.world:
+        raise SymmetryError(
+            f"{w}: symmetric run needs replica groups whose rank-lists all have the same size and "
+            f"together hold all {ctx.world} ranks; got rank-list sizes {[len(g) for g in groups]} "
+            f"covering {covered} ranks (run with symmetric=False)")
 
 
 def _tensors(xs: Any, w: str, role: str) -> list[NkiTensor]:
@@ -248,6 +262,11 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
     ranks = tuple(sorted({r for p in pairs for r in p}))
     if any(not 0 <= r < ctx.world for r in ranks):
         raise ConstraintError(f"{w}: source_target_pairs {list(pairs)} name ranks outside 0..{ctx.world - 1}")
+    if ctx.rendezvous.symmetric and (sorted(s for s, _ in pairs) != list(range(ctx.world))
+                                     or sorted(targets) != list(range(ctx.world))):
+        raise SymmetryError(f"{w}: symmetric run needs source_target_pairs in which every one of the "
+                            f"{ctx.world} ranks sends once and receives once; got {list(pairs)} "
+                            f"(run with symmetric=False)")
     if ctx.rank not in ranks:
         return None
     _same_shape_check(srcs[0], dsts[0], 2, w)

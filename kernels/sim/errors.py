@@ -23,6 +23,12 @@ class CollectiveMismatchError(SimulatorError):
     """Ranks of one replica group issued different collectives, or one waited on a peer that never came."""
 
 
+class SymmetryError(SimulatorError):
+    """A symmetric run (``run_ranks(symmetric=True)``) met something that breaks the symmetry
+    it assumes (different arguments per rank, numerics, uneven or partial replica groups,
+    an explicit permute that is not a permutation of all ranks)."""
+
+
 class _Aborted(BaseException):
     """Raised inside the other rank threads once one rank has failed; never escapes run_ranks."""
 

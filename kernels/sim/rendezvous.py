@@ -5,8 +5,15 @@ it issues on each replica sub-group; the k-th call of every member of a sub-grou
 the k-th call of the others. The last one to arrive compares what everybody issued (op,
 shapes, dtypes, parameters) and raises ``CollectiveMismatchError`` naming the ranks and
 instructions when they differ. A member waiting on a peer that has already finished the
-kernel, a state where every live participant waits on a collective that cannot complete
-(a deadlock), or a wait longer than ``timeout_s`` also raise, never hang.
+kernel, or a state where every live participant waits on a collective that cannot
+complete (a deadlock), raise at once. A member also fails once the peers it waits for
+have made no progress (issued no instruction) for ``timeout_s`` seconds: the timeout
+measures a stall, not the wait, so long runs whose peers are busy simulating never time
+out, while a peer stuck in kernel code (or sleeping) is reported after ``timeout_s``.
+
+In a symmetric run (``run_ranks(symmetric=...)``) only representative participants run;
+``exchange`` returns at once with every absent member's deposit taken to be the caller's
+own (the peers are identical by assumption, see ``runner``).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .errors import CollectiveMismatchError, SimulatorError, _Aborted
 
@@ -40,8 +47,11 @@ class Rendezvous:
 
     POLL_S = 0.05
 
-    def __init__(self, participants: list[Participant], timeout_s: float) -> None:
+    def __init__(self, participants: list[Participant], timeout_s: float,
+                 progress: Callable[[Participant], int] | None = None, symmetric: bool = False) -> None:
         self._cond = threading.Condition()
+        self._progress = progress
+        self.symmetric = symmetric
         self._alive = set(participants)
         self._blocked: dict[Participant, tuple[tuple, str]] = {}
         self._pending: dict[tuple, dict[Participant, Deposit]] = {}
@@ -71,6 +81,10 @@ class Rendezvous:
         """Meet the other members of ``members`` at this participant's next call on that
         sub-group; return every member's deposit."""
         me = deposit.who
+        if self.symmetric:
+            if self.error is not None:
+                raise _Aborted()
+            return {m: deposit for m in members}
         with self._cond:
             if self.error is not None:
                 raise _Aborted()
@@ -88,12 +102,12 @@ class Rendezvous:
                 self._cond.notify_all()
                 return entry
             self._blocked[me] = (key, deposit.desc)
-            t0 = time.monotonic()
+            clock = [time.monotonic(), None]  # start of the current stall, peers' progress then
             try:
                 while key not in self._done:
                     if self.error is not None:
                         raise _Aborted()
-                    self._check_stuck(me, key, entry, members, deposit, t0)
+                    self._check_stuck(me, key, entry, members, deposit, clock)
                     self._cond.wait(self.POLL_S)
             finally:
                 self._blocked.pop(me, None)
@@ -114,7 +128,7 @@ class Rendezvous:
             f"the ranks issued different collectives or parameters:\n" + "\n".join(lines)))
 
     def _check_stuck(self, me: Participant, key: tuple, entry: dict, members: tuple,
-                     deposit: Deposit, t0: float) -> None:
+                     deposit: Deposit, clock: list) -> None:
         ranks = [m[0] for m in members]
         missing = [m for m in members if m not in entry]
         gone = [m for m in missing if m not in self._alive]
@@ -130,7 +144,13 @@ class Rendezvous:
             raise self._fail(CollectiveMismatchError(
                 "deadlock: every live rank waits on a collective that no peer will complete:\n"
                 + "\n".join(lines)))
-        if time.monotonic() - t0 > self.timeout_s:
+        now = time.monotonic()
+        if self._progress is not None:
+            done = sum(self._progress(m) for m in missing)
+            if done != clock[1]:
+                clock[0], clock[1] = now, done  # a peer issued instructions: not a stall
+        if now - clock[0] > self.timeout_s:
             raise self._fail(CollectiveMismatchError(
                 f"{_fmt(me)}, {deposit.desc}: blocked for more than {self.timeout_s:g} s in replica group "
-                f"{ranks} waiting for {', '.join(_fmt(m) for m in missing)}"))
+                f"{ranks} waiting for {', '.join(_fmt(m) for m in missing)}, which issued no instruction "
+                f"in that time"))

@@ -3,10 +3,40 @@
 Each rank (each program of a rank under LNC 2) runs the kernel's Python code in its own
 thread with its own memory and clock; collectives meet in a ``Rendezvous``. A failure
 on one rank stops the others and is re-raised in the caller.
+
+Symmetric runs
+--------------
+A schedule-only run (numerics=False) of an SPMD kernel spends nearly all its time running
+the same Python on every rank to compute the same timeline N times. ``symmetric=True``
+simulates only rank 0 (both programs of it under LNC 2) and takes every peer to be
+identical to it: a peer reaches each collective with the same ready time as rank 0 (the
+same instructions on the same engines before it), so a group collective starts when rank
+0 is ready and a ring step when rank 0's channel is ready, exactly as in the full run.
+The result is the full run's timeline: ``Timeline.cores`` holds one entry per rank and
+program, each a relabelled view of the representative's clock.
+
+It is exact when
+  * every rank runs the same kernel with arguments of equal shapes and dtypes, and equal
+    non-tensor arguments (checked; ``TensorSpec`` or arrays, whose data is not used);
+  * the kernel is SPMD: its control flow, instruction shapes and dependency pattern do
+    not depend on the rank except through addresses that keep the same overlap pattern
+    (e.g. the row offset of the chunk in hand, from ``rank_id`` or
+    ``collective_permute_implicit_current_processing_rank_id``) (NOT checked: a kernel
+    that branches on ``ncc.rank_id()`` gets rank 0's timeline, and a collective mismatch
+    that only another rank would commit goes unnoticed; run with symmetric=False to check);
+  * every collective runs on a symmetric group: rank-lists of one size that together hold
+    all ranks, or for ``collective_permute`` pairs in which every rank sends once and
+    receives once (checked when the collective is issued).
+``symmetric=True`` raises ``SymmetryError`` when a checked condition fails (numerics on,
+arguments that differ between ranks, an asymmetric group). ``symmetric=None`` (the
+default) chooses: symmetric when numerics=False, more than one rank, and the arguments
+agree; if a collective then turns out asymmetric the run falls back to the full run.
+``symmetric=False`` always runs every rank.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -15,7 +45,7 @@ import numpy as np
 
 from . import checks, rates
 from .context import CoreContext, SharedHbm
-from .errors import ConstraintError, SimulatorError, _Aborted
+from .errors import ConstraintError, SimulatorError, SymmetryError, _Aborted
 from .rates import LinkModel
 from .rendezvous import Rendezvous
 from .state import current, set_current
@@ -34,10 +64,12 @@ class TensorSpec:
 @dataclass
 class SimResult:
     """``outputs``: per rank, the kernel's return value as NumPy (tuples stay tuples; None
-    when numerics=False). ``timeline``: the engine timeline of the run."""
+    when numerics=False). ``timeline``: the engine timeline of the run. ``symmetric``: True
+    when only rank 0 was simulated (see the module docstring)."""
 
     outputs: list[Any] | None
     timeline: Timeline
+    symmetric: bool = False
 
 
 class Kernel:
@@ -101,22 +133,74 @@ def _is_array_like(v: Any) -> bool:
     return hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, (np.generic, NkiTensor))
 
 
+def _arg_key(a: Any) -> Any:
+    if _is_array_like(a):
+        return ("tensor", tuple(int(d) for d in a.shape), np.dtype(a.dtype))
+    return ("value", a)
+
+
+def _uniform_args(args_per_rank: Sequence[Sequence[Any]]) -> str | None:
+    """None when every rank's arguments have equal shapes, dtypes and values, else why not."""
+    first = [_arg_key(a) for a in args_per_rank[0]]
+    for r, args in enumerate(args_per_rank[1:], start=1):
+        keys = [_arg_key(a) for a in args]
+        try:
+            same = len(keys) == len(first) and all(bool(x == y) for x, y in zip(keys, first))
+        except Exception:  # noqa: BLE001 - values that do not compare count as different
+            same = False
+        if not same:
+            return f"rank {r}'s arguments differ from rank 0's ({keys} vs {first})"
+    return None
+
+
 def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: LinkModel | Mapping[int, LinkModel] | None = None,
               numerics: bool = True, lnc: int = 1, sbuf_bytes_per_partition: int | None = None,
-              timeout_s: float = 10.0, kwargs: Mapping[str, Any] | None = None) -> SimResult:
+              timeout_s: float = 10.0, kwargs: Mapping[str, Any] | None = None,
+              symmetric: bool | None = None) -> SimResult:
     """Run ``len(args_per_rank)`` ranks of ``kernel``; rank i gets ``args_per_rank[i]``.
 
     ``link``: LinkModel of every channel, or channel id -> LinkModel (default
     ``rates.DEFAULT_LINK``). ``numerics=False`` records the schedule and runs every check
     without allocating or computing data (arguments may be ``TensorSpec``).
     ``sbuf_bytes_per_partition``: SBUF capacity (default Trn2, 224 KiB; Trn3:
-    ``rates.SBUF_BYTES_PER_PARTITION['trn3']``). A rank blocked longer than ``timeout_s``
-    fails with CollectiveMismatchError.
+    ``rates.SBUF_BYTES_PER_PARTITION['trn3']``). A rank waiting at a collective fails with
+    CollectiveMismatchError at once when the collective cannot complete (mismatch, a peer
+    that finished, deadlock), and after ``timeout_s`` seconds during which the peers it
+    waits for issued no instruction (a stall; busy peers never time out).
+    ``symmetric``: simulate rank 0 only and take the other ranks to be identical (True),
+    every rank (False), or decide (None: symmetric for schedule-only runs whose ranks get
+    equal arguments); see the module docstring for when this is exact.
     """
-    fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     world = len(args_per_rank)
     if world < 1:
         raise SimulatorError("run_ranks needs at least one rank")
+    why = _uniform_args(args_per_rank) if world > 1 else None
+    if symmetric:
+        if numerics:
+            raise SymmetryError("run_ranks(symmetric=True) needs numerics=False: with data, every rank "
+                                "computes its own values")
+        if why is not None:
+            raise SymmetryError(f"run_ranks(symmetric=True) needs the same argument shapes, dtypes and "
+                                f"values on every rank: {why}")
+    auto = symmetric is None
+    if auto:
+        symmetric = not numerics and world > 1 and why is None
+    if symmetric:
+        try:
+            return _run(kernel, args_per_rank, link, numerics, lnc, sbuf_bytes_per_partition, timeout_s,
+                        kwargs, symmetric=True)
+        except SymmetryError:
+            if not auto:
+                raise
+    return _run(kernel, args_per_rank, link, numerics, lnc, sbuf_bytes_per_partition, timeout_s, kwargs,
+                symmetric=False)
+
+
+def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numerics: bool, lnc: int,
+         sbuf_bytes_per_partition: int | None, timeout_s: float, kwargs: Mapping[str, Any] | None,
+         symmetric: bool) -> SimResult:
+    fn = kernel.fn if isinstance(kernel, Kernel) else kernel
+    world = len(args_per_rank)
     if lnc not in (1, 2):
         raise ConstraintError(f"lnc must be 1 or 2, got {lnc}")
     if isinstance(link, LinkModel) or link is None:
@@ -124,12 +208,15 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     else:
         links, default_link = dict(link), rates.DEFAULT_LINK
     sbuf_limit = sbuf_bytes_per_partition or rates.DEFAULT_SBUF_BYTES_PER_PARTITION
-    participants = [(r, p) for r in range(world) for p in range(lnc)]
-    rdv = Rendezvous(participants, timeout_s)
-    shared = [SharedHbm() for _ in range(world)]
-    contexts = {(r, p): CoreContext(rank=r, program=p, lnc=lnc, world=world, numerics=numerics,
-                                    sbuf_limit=sbuf_limit, links=links, default_link=default_link,
-                                    rendezvous=rdv, shared_hbm=shared[r]) for r, p in participants}
+    ranks = [0] if symmetric else list(range(world))
+    participants = [(r, p) for r in ranks for p in range(lnc)]
+    contexts: dict[tuple[int, int], CoreContext] = {}
+    rdv = Rendezvous(participants, timeout_s, progress=lambda who: contexts[who].timeline.issued,
+                     symmetric=symmetric)
+    shared = {r: SharedHbm() for r in ranks}
+    contexts.update({(r, p): CoreContext(rank=r, program=p, lnc=lnc, world=world, numerics=numerics,
+                                         sbuf_limit=sbuf_limit, links=links, default_link=default_link,
+                                         rendezvous=rdv, shared_hbm=shared[r]) for r, p in participants})
     results: dict[tuple[int, int], Any] = {}
     errors: list[BaseException] = []
     input_allocs: dict[int, list[Any]] = {}
@@ -173,7 +260,22 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     if errors:
         first = rdv.error if rdv.error is not None and rdv.error in errors else errors[0]
         raise first
+    if symmetric:
+        reps = [contexts[(0, p)].timeline for p in range(lnc)]
+        timeline = Timeline.from_cores(reps)
+        timeline.cores = [_relabel(reps[p], r) for r in range(world) for p in range(lnc)]
+        timeline.symmetric = True
+        return SimResult(None, timeline, symmetric=True)
     timeline = Timeline.from_cores([contexts[p].timeline for p in participants])
     # converted after every program finished: under LNC 2 both write the shared output
     outputs = [_to_numpy(results.get((r, 0)), contexts[(r, 0)]) for r in range(world)] if numerics else None
     return SimResult(outputs, timeline)
+
+
+def _relabel(core: Any, rank: int) -> Any:
+    """The representative's clock seen as rank ``rank`` (shares its lists; read-only)."""
+    if core.rank == rank:
+        return core
+    view = copy.copy(core)
+    view.rank = rank
+    return view

@@ -106,7 +106,7 @@ class NkiTensor:
     integer index. Both serve the dependency tracking of the timeline (``box``).
     """
 
-    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box")
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape")
 
     def __init__(self, alloc: Allocation, offset: int = 0,
                  pattern: tuple[tuple[int, int], ...] | None = None,
@@ -121,11 +121,12 @@ class NkiTensor:
         self._dims = dims if dims is not None else tuple((-1, 0, 1) for _ in pattern)
         self._fixed = fixed
         self._box: tuple[tuple[int, int], ...] | None = None
+        self._shape = tuple([c for _, c in pattern])
 
     # --- attributes of the reference NkiTensor ---------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(c for _, c in self.pattern)
+        return self._shape
 
     @property
     def dtype(self) -> np.dtype:
@@ -141,11 +142,11 @@ class NkiTensor:
 
     @property
     def ndim(self) -> int:
-        return len(self.pattern)
+        return len(self._shape)
 
     @property
     def size(self) -> int:
-        return int(math.prod(self.shape))
+        return math.prod(self._shape)
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -176,42 +177,49 @@ class NkiTensor:
 
     # --- views ------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> "NkiTensor":
-        if not isinstance(key, tuple):
+        if type(key) is not tuple:
             key = (key,)
+        ndim = len(self.pattern)
         if any(k is Ellipsis for k in key):
             i = next(j for j, k in enumerate(key) if k is Ellipsis)
-            fill = (slice(None),) * (self.ndim - (len(key) - 1))
+            fill = (slice(None),) * (ndim - (len(key) - 1))
             key = key[:i] + fill + key[i + 1:]
-        if len(key) > self.ndim:
+        if len(key) > ndim:
             raise ConstraintError(f"{here()}: {len(key)} indices for tensor {self.alloc.label()} "
                                   f"of shape {self.shape}")
-        key = key + (slice(None),) * (self.ndim - len(key))
+        if len(key) < ndim:
+            key = key + (slice(None),) * (ndim - len(key))
         offset, pattern, dims, fixed = self.offset, [], [], list(self._fixed)
-        for dim, (k, (stride, count), (ad, first, step)) in enumerate(zip(key, self.pattern, self._dims)):
-            idx = _as_index(k)
-            if idx is not None:
-                if not 0 <= idx < count:
+        for dim in range(ndim):
+            k = key[dim]
+            stride, count = self.pattern[dim]
+            ad, first, step = self._dims[dim]
+            tk = type(k)
+            if tk is slice:
+                kstart, kstop, kstep = k.start, k.stop, k.step
+                start = 0 if kstart is None else int(kstart)
+                stop = count if kstop is None else int(kstop)
+                kstep = 1 if kstep is None else int(kstep)
+                if kstep <= 0 or start < 0 or stop > count or start >= stop:
                     raise ConstraintError(
-                        f"{here()}: index {idx} out of bounds for dim {dim} of size {count} "
-                        f"of tensor {self.alloc.label()} shape {self.shape}")
-                offset += idx * stride
-                if ad >= 0:
-                    fixed.append((ad, first + idx * step))
+                        f"{here()}: slice [{start}:{stop}:{kstep}] out of bounds for dim {dim} of size "
+                        f"{count} of tensor {self.alloc.label()} shape {self.shape}")
+                n = (stop - start + kstep - 1) // kstep
+                offset += start * stride
+                pattern.append((stride * kstep, n))
+                dims.append((ad, first + start * step, step * kstep) if ad >= 0 else (-1, 0, 1))
                 continue
-            if not isinstance(k, slice):
+            idx = k if tk is int else _as_index(k)
+            if idx is None:
                 raise ConstraintError(f"{here()}: unsupported index {k!r} on tensor {self.alloc.label()} "
                                       f"(use ints, slices, nl.ds, or .ap())")
-            start = 0 if k.start is None else int(k.start)
-            stop = count if k.stop is None else int(k.stop)
-            kstep = 1 if k.step is None else int(k.step)
-            if kstep <= 0 or start < 0 or stop > count or start >= stop:
+            if not 0 <= idx < count:
                 raise ConstraintError(
-                    f"{here()}: slice [{start}:{stop}:{kstep}] out of bounds for dim {dim} of size "
-                    f"{count} of tensor {self.alloc.label()} shape {self.shape}")
-            n = (stop - start + kstep - 1) // kstep
-            offset += start * stride
-            pattern.append((stride * kstep, n))
-            dims.append((ad, first + start * step, step * kstep) if ad >= 0 else (-1, 0, 1))
+                    f"{here()}: index {idx} out of bounds for dim {dim} of size {count} "
+                    f"of tensor {self.alloc.label()} shape {self.shape}")
+            offset += idx * stride
+            if ad >= 0:
+                fixed.append((ad, first + idx * step))
         return NkiTensor(self.alloc, offset, tuple(pattern), tuple(dims), tuple(fixed))
 
     def ap(self, pattern: Any, offset: int = 0, scalar_offset: Any = None, vector_offset: Any = None,
@@ -304,8 +312,14 @@ def _box_from_pattern(shape: tuple[int, ...], astrides: tuple[int, ...], offset:
 
 
 def boxes_overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
-    return all(alo < bhi and blo < ahi for (alo, ahi), (blo, bhi) in zip(a, b))
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo >= bhi or blo >= ahi:
+            return False
+    return True
 
 
 def box_contains(outer: tuple[tuple[int, int], ...], inner: tuple[tuple[int, int], ...]) -> bool:
-    return all(olo <= ilo and ihi <= ohi for (olo, ohi), (ilo, ihi) in zip(outer, inner))
+    for (olo, ohi), (ilo, ihi) in zip(outer, inner):
+        if ilo < olo or ihi > ohi:
+            return False
+    return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import rates
-from .tensor import NkiTensor, box_contains, boxes_overlap
+from .tensor import NkiTensor, box_contains
 
 COMPUTE_ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd")
 
@@ -32,11 +32,14 @@ class Instruction:
     end_s: float
 
 
-class _Access:
-    __slots__ = ("box", "write", "end")
+class _Accesses:
+    """Access history of one allocation: pending writes (box, end) and reads {box: end}."""
 
-    def __init__(self, box: tuple[tuple[int, int], ...], write: bool, end: float) -> None:
-        self.box, self.write, self.end = box, write, end
+    __slots__ = ("writes", "reads")
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[tuple[tuple[int, int], ...], float]] = []
+        self.reads: dict[tuple[tuple[int, int], ...], float] = {}
 
 
 class CoreTimeline:
@@ -50,47 +53,79 @@ class CoreTimeline:
         self.intervals: dict[str, list[tuple[float, float]]] = {}
         self.instructions: list[Instruction] | None = [] if keep_instructions else None
         self.counts: dict[str, int] = {}
-        self._access: dict[int, list[_Access]] = {}
+        self._access: dict[int, _Accesses] = {}
         self._dma_queue_free = [0.0] * rates.DMA_QUEUES
         self._dma_next = 0
         self._dma_bw_free = 0.0
         self.end_s = 0.0
+        self.issued = 0  # instructions placed so far (progress, read by the rendezvous timeout)
 
     # --- dependencies -----------------------------------------------------------------------
     def ready(self, reads: list[NkiTensor], writes: list[NkiTensor]) -> float:
-        """Earliest start allowed by data dependencies on earlier instructions."""
+        """Earliest start allowed by data dependencies on earlier instructions (the box
+        overlap test is inlined: this is the simulator's innermost loop)."""
         t = 0.0
-        for v, is_write in [(r, False) for r in reads] + [(w, True) for w in writes]:
-            entries = self._access.get(v.alloc.id)
-            if not entries:
+        access = self._access
+        for v in reads:
+            acc = access.get(v.alloc.id)
+            if acc is None or not acc.writes:
                 continue
             box = v.box()
-            for e in entries:
-                if (is_write or e.write) and e.end > t and boxes_overlap(box, e.box):
-                    t = e.end
+            for ebox, end in acc.writes:
+                if end > t:
+                    for (alo, ahi), (blo, bhi) in zip(box, ebox):
+                        if alo >= bhi or blo >= ahi:
+                            break
+                    else:
+                        t = end
+        for v in writes:
+            acc = access.get(v.alloc.id)
+            if acc is None:
+                continue
+            box = v.box()
+            for ebox, end in acc.writes:
+                if end > t:
+                    for (alo, ahi), (blo, bhi) in zip(box, ebox):
+                        if alo >= bhi or blo >= ahi:
+                            break
+                    else:
+                        t = end
+            for ebox, end in acc.reads.items():
+                if end > t:
+                    for (alo, ahi), (blo, bhi) in zip(box, ebox):
+                        if alo >= bhi or blo >= ahi:
+                            break
+                    else:
+                        t = end
         return t
 
     def record(self, reads: list[NkiTensor], writes: list[NkiTensor], read_end: float, write_end: float) -> None:
+        access = self._access
         for v in writes:
             box = v.box()
-            entries = self._access.setdefault(v.alloc.id, [])
-            entries[:] = [e for e in entries if not box_contains(box, e.box)]
-            entries.append(_Access(box, True, write_end))
+            acc = access.get(v.alloc.id)
+            if acc is None:
+                acc = access[v.alloc.id] = _Accesses()
+            if acc.writes:
+                acc.writes = [e for e in acc.writes if not box_contains(box, e[0])]
+            if acc.reads:
+                acc.reads = {b: e for b, e in acc.reads.items() if not box_contains(box, b)}
+            acc.writes.append((box, write_end))
         for v in reads:
             box = v.box()
-            entries = self._access.setdefault(v.alloc.id, [])
-            for e in entries:
-                if not e.write and e.box == box:
-                    e.end = max(e.end, read_end)
-                    break
-            else:
-                entries.append(_Access(box, False, read_end))
+            acc = access.get(v.alloc.id)
+            if acc is None:
+                acc = access[v.alloc.id] = _Accesses()
+            prev = acc.reads.get(box)
+            if prev is None or prev < read_end:
+                acc.reads[box] = read_end
 
     def forget(self, alloc_id: int) -> None:
         self._access.pop(alloc_id, None)
 
     # --- engines ----------------------------------------------------------------------------
     def occupy(self, engine: str, start: float, end: float, op: str, name: str | None) -> None:
+        self.issued += 1
         self.engine_free[engine] = max(self.engine_free.get(engine, 0.0), end)
         self.busy[engine] = self.busy.get(engine, 0.0) + (end - start)
         self.intervals.setdefault(engine, []).append((start, end))
@@ -162,13 +197,16 @@ class Timeline:
 
     ``total_s`` is the latest instruction end over all cores (the kernel starts at 0);
     ``busy_s`` and ``exposed_comm_s`` are the maximum over cores (the critical core of a
-    symmetric kernel); ``cores`` keeps every core's own clock.
+    symmetric kernel); ``cores`` keeps every core's own clock. ``symmetric``: True when
+    only rank 0 was simulated and ``cores`` holds relabelled views of its clock
+    (``run_ranks(symmetric=...)``).
     """
 
     total_s: float
     busy_s: dict[str, float]
     exposed_comm_s: float
     cores: list[CoreTimeline] = field(default_factory=list, repr=False)
+    symmetric: bool = False
 
     @classmethod
     def from_cores(cls, cores: list[CoreTimeline]) -> "Timeline":

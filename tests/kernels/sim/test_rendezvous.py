@@ -102,3 +102,25 @@ def test_timeout_on_slow_peer() -> None:
 
 def test_slow_peer_within_timeout_is_fine() -> None:
     run_ranks(slow_peer, _args(2), kwargs=dict(delay=0.1), timeout_s=5)
+
+
+@nki.jit
+def busy_peer(x, steps):
+    """Rank 1 works (issues instructions) for steps x 50 ms before the collective."""
+    g = ncc.ReplicaGroup([[0, 1]])
+    src, dst = _bufs(x)
+    if ncc.rank_id() == 1:
+        t = nl.ndarray((2, 3), dtype=nl.float32, buffer=nl.sbuf)
+        for _ in range(steps):
+            time.sleep(0.05)
+            nisa.memset(dst=t, value=0.0)
+    ncc.all_gather(srcs=[src], dsts=[dst[0:4, :]], replica_group=g, collective_dim=0, name="ag")
+    return None
+
+
+def test_timeout_counts_stalls_not_waits() -> None:
+    """A peer that keeps issuing instructions never times out the ranks waiting for it,
+    however long the wait: only a peer that makes no progress for timeout_s does."""
+    t0 = time.monotonic()
+    run_ranks(busy_peer, _args(2), kwargs=dict(steps=16), timeout_s=0.3)
+    assert time.monotonic() - t0 > 0.6  # waited well past timeout_s without failing
