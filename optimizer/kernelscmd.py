@@ -215,17 +215,17 @@ def _table_row(table, kernel: str, tp: GroupPlan) -> dict:
 
 def table_lines(rows: list[dict], how: str) -> list[str]:
     out = [f"overlap: {how}",
-           f"  {'kernel':<23}{'TP':>4} {'link':<9}{'ch':>3}  {'shape M x K x N':<20}{'T_mm us':>10}{'T_cc us':>9}"
-           f"{'T_f us':>10}{'hidden':>8}{'speedup':>8}  cost model uses"]
+           f"  {'kernel':<23}{'TP':>4} {'link':<9}{'ch':>3}  {'shape M x K x N':<22}{'T_mm us':>11}{'T_cc us':>10}"
+           f"{'T_f us':>11}{'hidden':>10}{'speedup':>9}  cost model uses"]
     for r in rows:
         s = r.get("shape")
         shape = f"{s['m']} x {s['k']} x {s['n']}" if s else "-"
         if r.get("t_mm") is None:
-            nums = f"{'not measured at this TP degree and link class':>45}"
+            nums = f"{'not measured at this TP degree and link class':>51}"
         else:
-            nums = (f"{r['t_mm'] * 1e6:>10.1f}{r['t_cc'] * 1e6:>9.1f}{r['t_f'] * 1e6:>10.1f}"
-                    f"{r['hidden_fraction']:>8.3f}{r['speedup']:>8.3f}")
-        out.append(f"  {r['kernel']:<23}{r['tp']:>4} {r['link_class']:<9}{r['channels']:>3}  {shape:<20}{nums}  "
+            nums = (f"{r['t_mm'] * 1e6:>11.2f}{r['t_cc'] * 1e6:>10.2f}{r['t_f'] * 1e6:>11.2f}"
+                    f"{r['hidden_fraction']:>10.3f}{r['speedup']:>9.3f}")
+        out.append(f"  {r['kernel']:<23}{r['tp']:>4} {r['link_class']:<9}{r['channels']:>3}  {shape:<22}{nums}  "
                    f"{r['cost_model_fraction']:.3f} ({r['cost_model_source']})")
     return out
 

@@ -55,6 +55,20 @@ def rank_map_lines(e: Evaluation, target: Target) -> list[str]:
             *instance_table(e.layout, places), summary.check_line(e.layout)]
 
 
+def overlap_source_line(e: Evaluation, hidden) -> str:
+    """Where the TP term's hidden fraction came from (the measured table), or '' when no overlap is modelled."""
+    from trnopt.optimizer import collectives as cc
+    from trnopt.optimizer.overlapdata import OverlapTable
+
+    span = e.layout.span("tp")
+    if not span or not e.step.tp_raw or not isinstance(hidden, OverlapTable):
+        return ""
+    cls = cc.link_class(span)
+    return (f"    overlap on {cls} links: {hidden.get(cls, 0.0):.2f} of TP communication hidden, from {hidden.source} "
+            f"(simulator; measured at TP{e.layout.tp}: {hidden.tp_fraction(e.layout.tp, cls):.2f}; "
+            f"the search takes the smallest fraction over the TP degrees measured on {cls})")
+
+
 def solve_text(result: SearchResult) -> str:
     p, e = result.problem, result.best
     status = "OPTIMAL" if result.status == "OPTIMAL" else f"FEASIBLE, gap {100 * result.gap:.2f}% (time limit)"
@@ -65,6 +79,10 @@ def solve_text(result: SearchResult) -> str:
         out.append(result.domains_note)
     out += [f"solver: {status} in {result.seconds:.2f} s over {result.space_size:,} points (CP-SAT)", ""]
     out += evaluation_lines(e, p.target)
+    source = overlap_source_line(e, p.hidden)
+    if source:
+        at = next((i for i, line in enumerate(out) if line.startswith("  TP communication raw")), len(out) - 1)
+        out.insert(at + 1, source)
     out += [""] + rank_map_lines(e, p.target)
     if result.runners_up:
         out += ["", "next best layouts (other degrees):"]

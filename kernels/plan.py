@@ -1,0 +1,401 @@
+"""KernelPlan: what a solved layout asks of the overlap kernels.
+
+From a Layout and its Target (DESIGN section 7):
+- the replica groups of every TP group (and EP group) from the rank-to-chip map
+  (`trnopt.optimizer.placement`), each rank-list in ring order along physical neighbours;
+- a check of every hop of every ring (one link: two cores of one chip, or two chips one
+  link apart on one torus/ring axis, or any two chips on a switch or the scale-out
+  network) and the link class the ring runs on (`optimizer.collectives.link_class` of
+  the group's span, the same class the cost model charges);
+- the channels the topology allows and the simulator LinkModel of one channel;
+- the kernels each layer uses, with full-shape chunk sizes and the tiling that must fit
+  SBUF.
+
+Ring order. The group's chips form a box: on every axis the group spans a set of
+coordinates (TP, innermost in rank order, a contiguous block). The chips are put in a
+Hamiltonian cycle of that box, then each chip's ranks are visited in core order (cores
+of one chip are adjacent: on-chip). The cycle is built, not searched:
+- one axis: 0, 1, .., f-1, which closes with a one-hop wrap only on a full ring (f equal
+  to the axis size), on a switch or the scale-out network, or for f = 2;
+- several axes: one axis is the "ring" dimension (size a) and the others are walked as a
+  boustrophedon (snake) path of b positions; an a x b grid has a cycle on its own edges
+  when a or b is even (out along the first row, snake back over the rest, home along
+  the first column), and when both are odd only if the ring dimension can wrap in one
+  hop (full ring or switch). A box with an odd number of chips and no wrap has no
+  one-hop cycle; the plan then keeps the snake order and its check says which hop is
+  longer than one link.
+
+Channels (kernels take 1 or 2): two (both ring directions) when the ring has three or
+more members and its chip cycle is not two chips on a partial axis (those two chips share
+one link, so a second direction adds no bandwidth); else one.
+
+Link model (one channel = one direction of the ring; kept consistent with
+benchmarks/kernel_overlap.py, which takes the trn2 torus 1,024 GB/s per chip as 2 axes x
+2 directions x 256 GB/s): a target axis's ``bandwidth`` is per chip over the chip's two
+links on that axis (both directions), so one ring direction gets ``bandwidth / 2``; an
+on-chip hop gets ``on_chip_bandwidth / 2``; when g groups of the same dimension sit on
+one chip their rings share its links, so a chip-to-chip hop gets ``bandwidth / 2 / g``
+(the cost model divides by the ranks per chip the same way). The ring runs at its slowest
+hop; the hop latency is the largest ``latency_us`` of the axes it crosses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trnopt.kernels.sim import LinkModel
+from trnopt.kernels.tiling import MOVING_FMAX, PMAX, choose_tiling
+from trnopt.optimizer import collectives as cc
+from trnopt.optimizer.layout import DIMS, Layout
+from trnopt.optimizer.placement import groups as dim_groups
+from trnopt.optimizer.placement import rank_map
+from trnopt.optimizer.target import Target
+from trnopt.optimizer.workload import Workload
+
+ITEMSIZE = 2  # BF16 activations and weights
+PIECES = 4  # ring-step slabs (the kernels' default ``pieces``)
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One ring hop: ranks, the physical link class it takes and how many links it crosses."""
+
+    src: int
+    dst: int
+    link: str  # core (on-chip), or the kind of the one axis it crosses; "multi" if several
+    links: int  # 1 for every good hop; > 1 when the hop is routed through other chips
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The replica groups of one parallel dimension and how their rings sit on the machine."""
+
+    dim: str
+    size: int
+    replica_groups: tuple[tuple[int, ...], ...]  # every group, ring order
+    span: str  # e.g. "core4 x2"
+    link_class: str  # collectives.link_class of the span (what the cost model charges)
+    channels: int
+    link_gbs: float  # simulator LinkModel bandwidth per channel, GB/s
+    latency_us: float
+    hops: tuple[Hop, ...]  # the first group's ring, wrap hop last
+    one_hop: bool  # every hop of every group is one link
+    order_note: str
+
+    @property
+    def link(self) -> LinkModel:
+        return LinkModel(bandwidth_Bps=self.link_gbs * 1e9, latency_s=self.latency_us * 1e-6)
+
+    def hop_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for h in self.hops:
+            out[h.link] = out.get(h.link, 0) + 1
+        return out
+
+    def partition_ok(self, ranks: int) -> bool:
+        seen = [r for g in self.replica_groups for r in g]
+        return sorted(seen) == list(range(ranks))
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """One overlap kernel a layer runs, at the full shape of one micro-batch."""
+
+    kernel: str
+    ops: str  # which projections use it, forward and backward
+    m: int
+    k: int
+    n: int
+    channels: int
+    chunk_bytes: int  # bytes one ring step moves per channel (HBM ring buffer)
+    slab_bytes: int  # one of the PIECES slabs of a chunk
+    tiling: str
+    sbuf_bytes: int  # per partition, the matmul pipeline's SBUF buffers
+    sbuf_capacity: int
+
+    @property
+    def fits(self) -> bool:
+        return self.sbuf_bytes <= self.sbuf_capacity
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    target: str
+    layout: str
+    ranks: int
+    tp: GroupPlan
+    ep: GroupPlan | None
+    kernels: tuple[KernelUse, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def groups(self) -> tuple[GroupPlan, ...]:
+        return (self.tp,) + ((self.ep,) if self.ep else ())
+
+    def problems(self) -> list[str]:
+        """Checks the plan fails; empty when every ring is one link per hop and every tile fits."""
+        out = []
+        for g in self.groups:
+            if not g.partition_ok(self.ranks):
+                out.append(f"{g.dim} replica groups do not partition the {self.ranks} ranks")
+            if not g.one_hop:
+                bad = [h for h in g.hops if h.links != 1]
+                out.append(f"{g.dim} ring has {len(bad)} hop(s) over more than one link "
+                           f"(first {bad[0].src}->{bad[0].dst}: {bad[0].links} links)" if bad else
+                           f"{g.dim}: some group's ring has a hop over more than one link")
+        for k in self.kernels:
+            if not k.fits:
+                out.append(f"{k.kernel}: tiles need {k.sbuf_bytes} SBUF bytes/partition > {k.sbuf_capacity}")
+        return out
+
+    def lines(self) -> list[str]:
+        out = [f"kernel plan: {self.layout} on {self.target}, {self.ranks} ranks"]
+        for g in self.groups:
+            first = g.replica_groups[0]
+            shown = ", ".join(map(str, first[:16])) + (", ..." if len(first) > 16 else "")
+            hops = ", ".join(f"{n} {c}" for c, n in g.hop_counts().items())
+            out += [f"  {g.dim.upper()}{g.size} [{g.span}]: {len(g.replica_groups)} replica groups of {g.size}; "
+                    f"group 0 ring order [{shown}]",
+                    f"    link class {g.link_class}; hops per ring: {hops}; "
+                    f"check: {'every hop is one link' if g.one_hop else 'NOT every hop is one link'}",
+                    f"    channels {g.channels}, {g.link_gbs:.1f} GB/s and {g.latency_us:.1f} us per hop "
+                    f"per channel; {g.order_note}"]
+        if not self.kernels:
+            out.append("  no overlap kernels: TP = 1 and no expert parallelism")
+        for k in self.kernels:
+            out.append(f"  {k.kernel:<23} {k.ops}")
+            out.append(f"    M {k.m} K {k.k} N {k.n}, {k.channels} channel(s), ring chunk "
+                       f"{k.chunk_bytes / 2**20:.2f} MiB per step per channel in {PIECES} slabs of "
+                       f"{k.slab_bytes / 2**20:.2f} MiB; tiles {k.tiling}: {k.sbuf_bytes // 1024} KiB of "
+                       f"{k.sbuf_capacity // 1024} KiB SBUF per partition ({'fits' if k.fits else 'DOES NOT FIT'})")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["problems"] = self.problems()
+        return d
+
+
+# -- ring order ------------------------------------------------------------------------------
+def snake(sizes: list[int]) -> list[tuple[int, ...]]:
+    """Boustrophedon walk of a box (first size slowest): consecutive points differ by 1 in one coordinate."""
+    if not sizes:
+        return [()]
+    rest = snake(sizes[1:])
+    out = []
+    for i in range(sizes[0]):
+        out += [(i,) + p for p in (rest if i % 2 == 0 else rest[::-1])]
+    return out
+
+
+def grid_cycle(a: int, b: int, wrap_a: bool) -> list[tuple[int, int]] | None:
+    """A Hamiltonian cycle of the a x b grid (edges between neighbouring rows and columns, plus
+    (a-1, j) - (0, j) when ``wrap_a``), as (i, j) points; None when none exists."""
+    if b == 1:
+        return [(i, 0) for i in range(a)] if (wrap_a or a <= 2) else None
+    if a == 1:
+        return [(0, j) for j in range(b)] if b <= 2 else None
+    if a % 2 == 0:
+        body = [(i, j) for i in range(a) for j in (range(1, b) if i % 2 == 0 else range(b - 1, 0, -1))]
+        return body + [(i, 0) for i in range(a - 1, -1, -1)]
+    if b % 2 == 0 or wrap_a:  # columns first; both odd: the last column ends at row a-1, one wrap hop from row 0
+        body = [(i, j) for j in range(b) for i in (range(1, a) if j % 2 == 0 else range(a - 1, 0, -1))]
+        return body + [(0, j) for j in range(b - 1, -1, -1)]
+    return None
+
+
+def _ring_distance(a: int, b: int, axis) -> int:
+    if a == b:
+        return 0
+    if axis.kind in ("torus", "ring"):
+        d = abs(a - b)
+        return min(d, axis.size - d)
+    return 1  # switch, scale-out: one hop between any two chips
+
+
+def _hop(layout: Layout, coords: dict[int, tuple[int, ...]], src: int, dst: int) -> Hop:
+    a, b = coords[src], coords[dst]
+    crossed = [(axis, _ring_distance(x, y, axis)) for axis, x, y in zip(layout.axes[1:], a[1:], b[1:]) if x != y]
+    if not crossed:
+        return Hop(src, dst, "core", 1)
+    links = sum(d for _, d in crossed)
+    return Hop(src, dst, crossed[0][0].kind if len(crossed) == 1 else "multi", links)
+
+
+def order_group(layout: Layout, coords: dict[int, tuple[int, ...]], ranks: list[int]) -> tuple[list[int], str]:
+    """The group's ranks in ring order along physical neighbours, and how the order was made."""
+    axes = layout.axes
+    per_axis = [sorted({coords[r][j] for r in ranks}) for j in range(len(axes))]
+    spanned = [j for j in range(1, len(axes)) if len(per_axis[j]) > 1]
+
+    def wraps(j: int) -> bool:
+        vals, axis = per_axis[j], axes[j]
+        return _ring_distance(vals[-1], vals[0], axis) == 1 and len(vals) >= 3
+
+    chips_order: list[tuple[int, ...]]
+    if not spanned:
+        chips_order, note = [()], "one chip: cores in order (on-chip)"
+    else:
+        ring_dim = max(spanned, key=lambda j: (wraps(j), len(per_axis[j]) % 2 == 0))
+        others = [j for j in spanned if j != ring_dim]
+        path = snake([len(per_axis[j]) for j in others])
+        cyc = grid_cycle(len(per_axis[ring_dim]), len(path), wraps(ring_dim))
+        closed = cyc is not None
+        if cyc is None:
+            cyc = [(i, q) for q in range(len(path)) for i in range(len(per_axis[ring_dim]))]
+        chips_order = []
+        for i, q in cyc:
+            pos = {ring_dim: i, **{j: path[q][n] for n, j in enumerate(others)}}
+            chips_order.append(tuple(per_axis[j][pos[j]] for j in spanned))
+        shape = " x ".join(f"{axes[j].name}{len(per_axis[j])}" for j in spanned)
+        note = (f"chips {shape} in a {'cycle' if closed else 'snake that cannot close in one hop'} "
+                f"(ring dimension {axes[ring_dim].name}"
+                f"{', wraps in one hop' if wraps(ring_dim) else ''}), cores of each chip in order")
+    by_chip: dict[tuple[int, ...], list[int]] = {}
+    for r in ranks:
+        by_chip.setdefault(tuple(coords[r][j] for j in spanned), []).append(r)
+    ordered = [r for chip in chips_order for r in sorted(by_chip[chip], key=lambda r: coords[r][0])]
+    return ordered, note
+
+
+def group_plan(layout: Layout, target: Target, dim: str, places=None) -> GroupPlan:
+    """Replica groups of ``dim`` (tp or ep) in ring order, with their link model and hop check."""
+    places = places if places is not None else rank_map(layout, target)
+    coords = {r: layout.rank_coordinates(r)[1] for r in range(layout.ranks)}
+    raw = dim_groups(layout, places, dim)
+    ordered, notes = [], set()
+    for g in raw:
+        ring, note = order_group(layout, coords, [p.rank for p in g])
+        ordered.append(tuple(ring))
+        notes.add(note)
+    span = layout.span(dim)
+    all_hops = [[_hop(layout, coords, g[i], g[(i + 1) % len(g)]) for i in range(len(g))] for g in ordered]
+    size = len(ordered[0])
+    one_hop = all(h.links == 1 for hs in all_hops for h in hs) if size > 1 else True
+    # channels and link model
+    chip_cycle = len({coords[r][1:] for r in ordered[0]})
+    partial_pair = chip_cycle == 2 and any(a.kind in ("torus", "ring") and f < a.size and a.size > 2
+                                           for a, f in span if a.kind != "core")
+    channels = 2 if size >= 3 and not partial_pair else 1
+    # groups of this dimension whose rings leave each chip over the same links
+    sharing = max(1, layout.ranks_per_chip // layout.placement[DIMS.index(dim)][0])
+    bws, lats = [], [0.0]
+    for h in (all_hops[0] if size > 1 else []):
+        if h.link == "core":
+            bws.append(target.chip.on_chip_bandwidth / 2)
+            continue
+        a, b = coords[h.src], coords[h.dst]
+        for axis, x, y in zip(layout.axes[1:], a[1:], b[1:]):
+            if x != y:
+                bws.append(axis.bandwidth / 2 / sharing)
+                lats.append(axis.latency)
+    bw = min(bws) if bws else target.chip.on_chip_bandwidth / 2
+    text = " x ".join(f"{a.name}{f}" for a, f in span) or "one rank"
+    return GroupPlan(dim, size, tuple(ordered), text, cc.link_class(span) if span else "none", channels,
+                     bw / 1e9, max(lats) * 1e6, tuple(all_hops[0]) if size > 1 else (), one_hop,
+                     "; ".join(sorted(notes)))
+
+
+# -- kernels per layer -------------------------------------------------------------------------
+def full_shapes(workload: Workload, layout: Layout) -> dict[str, tuple[int, int, int]]:
+    """(M, K, N) per kernel at the full shape, the narrowest projection (attention output,
+    h x h/tp): the least matmul to hide behind, so the measured fraction is the conservative one.
+    M = the micro-batch's sequence rows (seq / cp * micro-batch)."""
+    m = workload.training.seq // layout.cp * layout.micro_batch
+    h, tp = workload.model.hidden, layout.tp
+    return {"allgather_matmul": (m, h, h // tp), "matmul_reduce_scatter": (m, h // tp, h)}
+
+
+def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPlan) -> list[KernelUse]:
+    mdl = workload.model
+    cap = target.chip.sbuf_bytes_per_partition
+    out = []
+    if layout.tp > 1:
+        shapes = full_shapes(workload, layout)
+        ch = tp.channels
+        m, k, n = shapes["allgather_matmul"]
+        ms = m // layout.tp
+        t = choose_tiling(ms, k, n, ITEMSIZE, ITEMSIZE)
+        chunk = k * -(-ms // ch) * ITEMSIZE
+        out.append(KernelUse("allgather_matmul", "QKV and MLP-in projections (column-parallel) forward; "
+                             "gradient of attention-out and MLP-out inputs backward", m, k, n, ch, chunk,
+                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(ITEMSIZE, ITEMSIZE), cap))
+        m, k, n = shapes["matmul_reduce_scatter"]
+        t = choose_tiling(m // layout.tp, k, n, ITEMSIZE, ITEMSIZE, addend=True)
+        chunk = -(-(m // layout.tp) // ch) * n * ITEMSIZE
+        out.append(KernelUse("matmul_reduce_scatter", "attention-out and MLP-out projections (row-parallel) "
+                             "forward; gradient of QKV and MLP-in inputs backward", m, k, n, ch, chunk,
+                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(ITEMSIZE, ITEMSIZE, ITEMSIZE), cap))
+    if layout.ep > 1 and mdl.moe is not None:
+        tokens = workload.training.seq // layout.cp * layout.micro_batch // layout.tp * mdl.moe.top_k
+        e_local = mdl.moe.experts // layout.ep
+        c = max(1, -(-tokens // (layout.ep * e_local * 4)))
+        f = mdl.moe.expert_ffn
+        t = choose_tiling(layout.ep * c, mdl.hidden, f, ITEMSIZE, ITEMSIZE)
+        chunk = layout.ep * e_local * mdl.hidden * c * ITEMSIZE
+        out.append(KernelUse("alltoall_expert_matmul", f"MoE layers: dispatch, {e_local} local expert(s), combine "
+                             f"(top-{mdl.moe.top_k}, 4 sub-chunks)", tokens, mdl.hidden, f, 1, chunk,
+                             chunk, _tiling_text(t), t.sbuf_bytes(ITEMSIZE, ITEMSIZE), cap))
+    return out
+
+
+def _tiling_text(t) -> str:
+    return f"{t.k_block}x{PMAX} K rows, {t.m_tiles}x128 rows x {t.n_tiles}x{MOVING_FMAX} cols per PSUM group"
+
+
+def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPlan:
+    """The plan of a solved layout (see the module docstring)."""
+    places = rank_map(layout, target)
+    tp = group_plan(layout, target, "tp", places)
+    ep = group_plan(layout, target, "ep", places) if layout.ep > 1 else None
+    notes = []
+    if layout.lnc > 1:
+        notes.append(f"LNC={layout.lnc}: the simulator runs one program per rank (one physical core's engines); "
+                     "a logical core's second physical core is not modelled, so T_mm is that of one core")
+    if layout.tp > 1 and tp.link_class != "core" and tp.channels == 1 and tp.size >= 3:
+        notes.append("two chips on a partial axis share one link: one channel")
+    return KernelPlan(target.name, layout.describe(), layout.ranks, tp, ep,
+                      tuple(kernel_uses(workload, layout, target, tp)), tuple(notes))
+
+
+# -- running the planned kernels in the simulator ------------------------------------------------
+def local_ring(group: tuple[int, ...]) -> tuple[int, ...]:
+    """The ring of one replica group in simulator rank ids: rank r of the group runs as id
+    ``sorted(group).index(r)``, so the ring order (not the id order) is what the kernel sees."""
+    ids = {r: i for i, r in enumerate(sorted(group))}
+    return tuple(ids[r] for r in group)
+
+
+def overlap_variants(kernel: str, ring: tuple[int, ...], m: int, k: int, n: int, dtype, channels: int,
+                     numerics: bool, seed: int = 0):
+    """(mm, cc, fused) Variants of a TP kernel on the ring ``ring`` (simulator ids, ring order),
+    with operands per list position; also the per-position inputs for the references.
+
+    allgather_matmul: X [m, k] gathered from shards of m / tp rows, W [k, n] per rank.
+    matmul_reduce_scatter: X [m, k] per rank (a K-slice), W [k, n], output rows m / tp.
+    """
+    from trnopt.kernels.allgather_matmul import allgather_matmul, allgather_ring
+    from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter, reduce_scatter_ring
+    from trnopt.kernels.overlap import Variant, operand
+    from trnopt.kernels.tiling import matmul
+
+    tp = len(ring)
+    pos = {r: i for i, r in enumerate(ring)}  # simulator id -> list position
+    kw = {"groups": (ring,), "channels": channels}
+    if kernel == "allgather_matmul":
+        x = [operand((k, m // tp), dtype, numerics, seed=seed + p) for p in range(tp)]
+        w = [operand((k, n), dtype, numerics, seed=seed + 1000 + p) for p in range(tp)]
+        mm = Variant(matmul, [(operand((k, m), dtype, numerics, seed=seed), w[0])])
+        cc_ = Variant(allgather_ring, [(x[pos[i]],) for i in range(tp)], kw)
+        fused = Variant(allgather_matmul, [(x[pos[i]], w[pos[i]]) for i in range(tp)], kw)
+    elif kernel == "matmul_reduce_scatter":
+        x = [operand((k, m), dtype, numerics, seed=seed + p) for p in range(tp)]
+        w = [operand((k, n), dtype, numerics, seed=seed + 1000 + p) for p in range(tp)]
+        mm = Variant(matmul, [(x[0], w[0])])
+        cc_ = Variant(reduce_scatter_ring, [(operand((m, n), dtype, numerics, seed=seed + 50 + pos[i]),)
+                                            for i in range(tp)], kw)
+        fused = Variant(matmul_reduce_scatter, [(x[pos[i]], w[pos[i]]) for i in range(tp)], kw)
+    else:
+        raise ValueError(f"unknown TP kernel {kernel!r}")
+    return mm, cc_, fused, (x, w)
