@@ -232,8 +232,13 @@ def table_lines(rows: list[dict], how: str) -> list[str]:
 
 # -- command ----------------------------------------------------------------------------------------
 def run(args) -> int:
-    from trnopt.optimizer.cli import write_output
+    from pathlib import Path
 
+    from trnopt.optimizer.cli import write_output
+    from trnopt.optimizer.errors import InputError
+
+    if args.json not in (None, "-") and Path(args.json).exists() and not args.force:
+        raise InputError(args.json, "--json", "file exists; trnopt never overwrites a file (pass --force to replace it)")
     target, workload, layout = read_layout(args.layout)
     plan = kernel_plan(workload, layout, target)
     quiet = args.json == "-"

@@ -1,0 +1,153 @@
+"""KernelPlan: replica groups partition the ranks, every ring hop is one link, link class and model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trnopt.kernels.plan import grid_cycle, kernel_plan, local_ring, snake
+from trnopt.optimizer import collectives as cc
+from trnopt.optimizer.layout import DIMS, Layout
+from trnopt.optimizer.target import load_target
+from trnopt.optimizer.workload import Training, Workload, load_model
+
+WORKLOAD = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=1024))
+
+
+def layout_for(target_name: str, tp: dict[str, int], lnc: int = 2, ep: dict[str, int] | None = None,
+               domains: int = 1) -> tuple[Layout, object]:
+    """TP (and EP) on the given axis factors; the rest is DP."""
+    target = load_target(target_name)
+    axes = target.axes(lnc, domains)
+    tp_row = tuple(tp.get(a.name, 1) for a in axes)
+    ep_row = tuple((ep or {}).get(a.name, 1) for a in axes)
+    dp_row = tuple(a.size // (f * e) for a, f, e in zip(axes, tp_row, ep_row))
+    rows = {"tp": tp_row, "ep": ep_row, "dp": dp_row}
+    placement = tuple(rows.get(d, (1,) * len(axes)) for d in DIMS)
+    t, e = math.prod(tp_row), math.prod(ep_row)
+    ranks = math.prod(a.size for a in axes)
+    return Layout(tp=t, pp=1, dp=ranks // t, ep=e, axes=axes, placement=placement, lnc=lnc), target
+
+
+CASES = [
+    # (target, tp placement, lnc, expected link class)
+    ("trn2", {"core": 4, "x": 4}, 2, "torus"),          # TP16 along one torus ring
+    ("trn2", {"core": 4, "x": 2, "y": 2}, 2, "torus"),  # TP16 on a 2x2 sub-grid (lines, even box)
+    ("trn2", {"x": 4, "y": 4}, 2, "torus"),             # TP16 on the whole torus, cores to DP
+    ("trn2", {"core": 8, "x": 2}, 1, "torus"),          # TP16 at LNC=1
+    ("trn2", {"core": 4, "x": 4, "y": 4}, 2, "torus"),  # TP64, the whole instance
+    ("trn2u", {"ring": 4}, 2, "ring"),                  # a TP group on the UltraServer ring
+    ("trn2u", {"core": 4, "ring": 4}, 2, "ring"),
+    ("trn2u", {"core": 4, "ring": 2}, 2, "ring"),
+    ("trn2u", {"core": 4, "x": 4, "y": 2, "ring": 2}, 2, "ring"),
+    ("trn2u", {"core": 4}, 2, "core"),
+    ("trn3-gen1", {"core": 4, "switch": 4}, 2, "switch"),
+    ("trn3-gen1", {"switch": 16}, 2, "switch"),
+    ("trn3-gen2", {"core": 4, "switch": 8}, 2, "switch"),
+    ("trn3-gen2", {"core": 2, "switch": 3}, 2, "switch"),  # odd chip count: the switch closes any ring
+]
+
+
+@pytest.mark.parametrize("target_name,tp,lnc,cls", CASES, ids=lambda v: str(v))
+def test_plan_rings_are_one_link_per_hop_and_partition_the_ranks(target_name, tp, lnc, cls):
+    layout, target = layout_for(target_name, tp, lnc)
+    plan = kernel_plan(WORKLOAD, layout, target)
+    g = plan.tp
+    assert g.size == layout.tp
+    assert g.link_class == cls == cc.link_class(layout.span("tp"))
+    assert g.partition_ok(layout.ranks)
+    assert all(len(grp) == layout.tp for grp in g.replica_groups)
+    assert g.one_hop, g.hops
+    assert all(h.links == 1 for h in g.hops)
+    coords = {r: layout.rank_coordinates(r)[1] for r in range(layout.ranks)}
+    for grp in g.replica_groups:
+        for a, b in zip(grp, grp[1:] + grp[:1]):
+            ca, cb = coords[a], coords[b]
+            diff = [(ax, x, y) for ax, x, y in zip(layout.axes[1:], ca[1:], cb[1:]) if x != y]
+            assert len(diff) <= 1, (a, b, diff)  # same chip, or one axis
+            for ax, x, y in diff:
+                d = abs(x - y)
+                assert ax.kind in ("switch", "scale_out") or min(d, ax.size - d) == 1, (a, b, ax.name, x, y)
+    assert plan.problems() == []
+
+
+def test_trn2_torus_ring_crosses_chips_in_a_cycle():
+    layout, target = layout_for("trn2", {"x": 4, "y": 4})
+    g = kernel_plan(WORKLOAD, layout, target).tp
+    assert g.hop_counts() == {"torus": 16}
+    assert g.channels == 2
+    assert g.link_gbs == pytest.approx(512 / 2 / 4)  # one direction of one axis, shared by 4 groups per chip
+    assert g.latency_us == pytest.approx(1.5)
+
+
+def test_trn2u_ring_link_model_matches_the_benchmark_convention():
+    # core4 x ring4: one group per chip; 256 GB/s per chip on the ring, both directions -> 128 per channel
+    layout, target = layout_for("trn2u", {"core": 4, "ring": 4})
+    g = kernel_plan(WORKLOAD, layout, target).tp
+    assert g.link_gbs == pytest.approx(128.0)
+    assert g.hop_counts() == {"core": 12, "ring": 4}
+    # TP16 in the trn2 torus, one group per chip: 256 GB/s per channel, as benchmarks/kernel_overlap.py
+    layout, target = layout_for("trn2", {"core": 4, "x": 4})
+    assert kernel_plan(WORKLOAD, layout, target).tp.link_gbs == pytest.approx(256.0)
+
+
+def test_two_chips_on_a_partial_axis_get_one_channel():
+    layout, target = layout_for("trn2", {"core": 4, "x": 2})
+    g = kernel_plan(WORKLOAD, layout, target).tp
+    assert g.one_hop and g.channels == 1
+
+
+def test_core_only_group_and_tp1():
+    layout, target = layout_for("trn2u", {"core": 4})
+    plan = kernel_plan(WORKLOAD, layout, target)
+    assert plan.tp.hop_counts() == {"core": 4} and plan.tp.channels == 2
+    assert [k.kernel for k in plan.kernels] == ["allgather_matmul", "matmul_reduce_scatter"]
+    assert all(k.fits for k in plan.kernels)
+    layout, target = layout_for("trn2u", {})
+    plan = kernel_plan(WORKLOAD, layout, target)
+    assert plan.tp.size == 1 and plan.kernels == () and plan.problems() == []
+
+
+def test_ep_groups_partition_and_plan_the_expert_kernel():
+    moe = Workload(load_model("mixtral-8x7b"), Training(seq=4096, global_batch=256))
+    layout, target = layout_for("trn3-gen1", {"core": 4}, ep={"switch": 8})
+    plan = kernel_plan(moe, layout, target)
+    assert plan.ep is not None and plan.ep.size == 8 and plan.ep.partition_ok(layout.ranks)
+    assert plan.ep.one_hop and plan.ep.link_class == "switch"
+    assert "alltoall_expert_matmul" in [k.kernel for k in plan.kernels]
+
+
+def test_odd_line_without_wrap_is_flagged():
+    # 3 chips on part of a 6-chip ring axis: no one-hop cycle exists; the check says so
+    from trnopt.optimizer.target import Axis
+    axes = (Axis("core", 1, "core", 1e12, 0.0), Axis("x", 6, "torus", 100e9, 1e-6), Axis("efa", 1, "scale_out", 1e9, 0))
+    rows = tuple({"tp": (1, 3, 1), "dp": (1, 2, 1)}.get(d, (1, 1, 1)) for d in DIMS)
+    layout = Layout(tp=3, pp=1, dp=2, axes=axes, placement=rows, lnc=1)
+    from trnopt.kernels.plan import group_plan
+    target = load_target("trn2")
+    g = group_plan(layout, target, "tp")
+    assert not g.one_hop
+    assert max(h.links for h in g.hops) == 2
+
+
+@pytest.mark.parametrize("a,b,wrap", [(2, 3, False), (3, 2, False), (4, 4, False), (3, 3, True), (5, 1, True),
+                                      (2, 1, False), (3, 5, True), (4, 6, False)])
+def test_grid_cycle_uses_grid_edges(a, b, wrap):
+    cyc = grid_cycle(a, b, wrap)
+    assert cyc is not None and sorted(cyc) == [(i, j) for i in range(a) for j in range(b)]
+    for (i, j), (k, l) in zip(cyc, cyc[1:] + cyc[:1]):
+        di, dj = abs(i - k), abs(j - l)
+        ok = (di + dj == 1) or (dj == 0 and wrap and di == a - 1 and a >= 3) or (a * b == 2)
+        assert ok, ((i, j), (k, l))
+
+
+def test_grid_cycle_none_when_impossible_and_snake_is_a_path():
+    assert grid_cycle(3, 3, False) is None
+    pts = snake([3, 2, 4])
+    assert len(set(pts)) == 24
+    assert all(sum(abs(x - y) for x, y in zip(p, q)) == 1 for p, q in zip(pts, pts[1:]))
+
+
+def test_local_ring_keeps_the_ring_order():
+    assert local_ring((40, 41, 45, 44)) == (0, 1, 3, 2)
