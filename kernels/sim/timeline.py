@@ -1,8 +1,22 @@
 """The engine timeline: each instruction on its engine, ordered by data dependencies.
 
 Every core (a rank, or one program of a rank under LNC 2) has in-order engines: Tensor,
-Vector, Scalar, GpSimd, a pool of DMA issue queues sharing the core's DMA bandwidth, and
-one collective engine per channel ("CC0", "CC1", ...). An instruction starts when its
+Vector, Scalar, GpSimd, a pool of DMA queues sharing the core's DMA bandwidth, and
+one collective engine per channel ("CC0", "CC1", ...).
+
+DMA model (``CoreTimeline.dma``): DMA instructions go round-robin to ``rates.DMA_QUEUES``
+queues (ASSUMPTION: the queue is the compiler's choice; round-robin spreads them). Each
+queue is in order: a DMA's descriptor generation (0.6 us) starts when its data is ready
+and the queue's previous descriptor is done, and its data phase starts no earlier than
+1.3 us later and no earlier than the end of the queue's previous data phase. Queues are
+independent of each other: a DMA waiting for its data holds back only the DMAs behind it
+on its own queue. The core's DMA bandwidth (368 GB/s) is one shared resource: every data
+phase runs at the full rate for bytes / 368 GB/s, in the earliest interval of that length
+at or after its earliest start in which no other data phase of the core runs; a DMA whose
+data is ready can thus fill a gap left before a DMA issued earlier that still waits.
+(Data phases are time-multiplexed at full rate rather than sharing the bandwidth
+concurrently: the same bytes per second in total, and every end time is final when the
+instruction is issued.) An instruction starts when its
 engine is free and every earlier instruction it depends on (read-after-write,
 write-after-read, write-after-write on overlapping boxes of the same allocation) has
 finished; engines run concurrently. Durations come from ``rates``.
@@ -13,6 +27,7 @@ flight and no compute engine (Tensor, Vector, Scalar, GpSimd) is busy.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from . import rates
@@ -54,9 +69,11 @@ class CoreTimeline:
         self.instructions: list[Instruction] | None = [] if keep_instructions else None
         self.counts: dict[str, int] = {}
         self._access: dict[int, _Accesses] = {}
-        self._dma_queue_free = [0.0] * rates.DMA_QUEUES
+        self._dma_queue_free = [0.0] * rates.DMA_QUEUES  # descriptor generation, per queue
+        self._dma_queue_data = [0.0] * rates.DMA_QUEUES  # end of the last data phase, per queue
         self._dma_next = 0
-        self._dma_bw_free = 0.0
+        self._bw_starts: list[float] = []  # busy intervals of the DMA bandwidth, sorted, disjoint
+        self._bw_ends: list[float] = []
         self.end_s = 0.0
         self.issued = 0  # instructions placed so far (progress, read by the rendezvous timeout)
 
@@ -142,17 +159,53 @@ class CoreTimeline:
         return start, end
 
     def dma(self, nbytes: int, ready: float, op: str, name: str | None) -> tuple[float, float]:
-        """A DMA: 0.6 us descriptor generation on an issue queue, 1.3 us semaphore-to-start,
-        then bytes / 368 GB/s on the core's shared DMA bandwidth (DESIGN section 7)."""
+        """A DMA: 0.6 us descriptor generation on its queue, 1.3 us semaphore-to-start, then
+        bytes / 368 GB/s on the core's shared DMA bandwidth (DESIGN section 7); see the
+        module docstring for the queues. Returns (issue time, end of the data phase)."""
         q = self._dma_next
         self._dma_next = (q + 1) % len(self._dma_queue_free)
         t0 = max(ready, self._dma_queue_free[q])
         self._dma_queue_free[q] = t0 + rates.DMA_DESCRIPTOR_S
-        data_start = max(t0 + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S, self._dma_bw_free)
-        end = data_start + rates.dma_transfer_seconds(nbytes)
-        self._dma_bw_free = end
+        earliest = max(t0 + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S, self._dma_queue_data[q])
+        duration = rates.dma_transfer_seconds(nbytes)
+        data_start = self._bandwidth_slot(earliest, duration)
+        end = data_start + duration
+        self._dma_queue_data[q] = end
         self.occupy("DMA", data_start, end, op, name)
         return t0, end
+
+    def _bandwidth_slot(self, earliest: float, duration: float) -> float:
+        """Book the first interval of ``duration`` at or after ``earliest`` in which the DMA
+        bandwidth is free; return its start."""
+        starts, ends = self._bw_starts, self._bw_ends
+        i = bisect.bisect_right(ends, earliest)
+        t = earliest
+        while i < len(starts) and t + duration > starts[i]:
+            t = max(t, ends[i])
+            i += 1
+        end = t + duration
+        # insert [t, end) before interval i, merging with touching neighbours
+        lo = i
+        if lo > 0 and ends[lo - 1] >= t:
+            lo -= 1
+            t_new = starts[lo]
+        else:
+            t_new = t
+        hi = i
+        if hi < len(starts) and starts[hi] <= end:
+            end_new = ends[hi]
+            hi += 1
+        else:
+            end_new = end
+        starts[lo:hi] = [t_new]
+        ends[lo:hi] = [end_new]
+        if len(starts) > 64:
+            # no later DMA can start before its queue's descriptor is done plus 1.3 us
+            floor = min(self._dma_queue_free) + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S
+            k = bisect.bisect_right(ends, floor)
+            if k:
+                del starts[:k], ends[:k]
+        return t
 
     # --- reporting --------------------------------------------------------------------------
     def exposed_comm_s(self) -> float:

@@ -143,3 +143,55 @@ def test_disjoint_slices_do_not_serialize() -> None:
     c1, c2 = instrs(res, "tensor_copy")
     assert c1.start_s < d2.end_s  # first copy only waits for the first half
     assert c2.start_s >= d2.end_s
+
+
+@nki.jit
+def blocked_then_ready(x, n_ready):
+    """A store that waits on a long Vector chain, then ``n_ready`` loads whose data is ready."""
+    p, f = x.shape
+    slow = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf, name="slow")
+    nisa.memset(dst=slow, value=0.0)
+    for _ in range(20):
+        nisa.tensor_scalar(dst=slow, data=slow, op0=nl.add, operand0=1.0)
+    out = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=slow, name="blocked")
+    for i in range(n_ready):
+        t = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf, name=f"t{i}")
+        nisa.dma_copy(dst=t, src=x, name=f"ready{i}")
+    return out
+
+
+def _dma(res, name):
+    (d,) = [i for i in res.timeline.cores[0].instructions if i.name == name]
+    return d
+
+
+def test_dma_waiting_for_data_blocks_only_its_own_queue() -> None:
+    """Request 1: queues are independent and in order; the bandwidth is shared."""
+    x = np.zeros((128, 512), np.float32)
+    assert rates.DMA_QUEUES == 4
+    res = run_ranks(blocked_then_ready, [(x,)], kwargs=dict(n_ready=4))
+    blocked = _dma(res, "blocked")
+    vector_end = max(i.end_s for i in res.timeline.cores[0].instructions if i.engine == "Vector")
+    assert blocked.start_s >= vector_end  # it waits for its data
+    transfer = x.nbytes / rates.DMA_BANDWIDTH_BPS
+    fixed = rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S
+    # ready0..2 run on queues 1..3 right away, one after the other on the shared bandwidth
+    ends = sorted(_dma(res, f"ready{i}").end_s for i in range(3))
+    assert ends == pytest.approx([fixed + transfer, fixed + 2 * transfer, fixed + 3 * transfer])
+    assert ends[-1] < blocked.start_s
+    # ready3 is behind the blocked DMA on queue 0 (in-order queue)
+    assert _dma(res, "ready3").end_s == pytest.approx(blocked.end_s + transfer)
+    # DMA busy time is bytes over bandwidth: the data phases never overlap
+    ivs = sorted(res.timeline.cores[0].intervals["DMA"])
+    assert all(a[1] <= b[0] + 1e-15 for a, b in zip(ivs, ivs[1:]))
+    assert res.timeline.busy_s["DMA"] == pytest.approx(5 * transfer)
+
+
+def test_ready_dma_fills_the_bandwidth_gap_before_a_waiting_one() -> None:
+    """A later ready DMA on another queue may use the bandwidth before an earlier issued
+    DMA that waits (out of issue order), but never at the same time."""
+    x = np.zeros((128, 4096), np.float32)
+    res = run_ranks(blocked_then_ready, [(x,)], kwargs=dict(n_ready=1))
+    blocked, ready = _dma(res, "blocked"), _dma(res, "ready0")
+    assert ready.end_s <= blocked.start_s + 1e-15
