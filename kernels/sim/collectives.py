@@ -17,14 +17,24 @@ odd channel ids to the previous one; current_processing_rank_id follows the same
 
 Timing, on engine ``CC<channel>`` with the channel's LinkModel (bandwidth B, hop latency
 a), for a group of n ranks and S bytes of this rank's src: all_gather (n-1)(S/B + a);
-reduce_scatter and all_to_all (n-1)(S/n/B + a); all_reduce 2(n-1)(S/n/B + a); one
-permute step S/B + a. Group collectives start when every member's data is ready; a
-permute step starts when this rank and its predecessor are ready.
+reduce_scatter (n-1)(S/n/B + a); all_to_all (n-1)(S/n/B * f + a) with f the link's
+``bisection_factor`` (1 by default: full bisection; see ``rates.LinkModel`` for ring and
+torus values); all_reduce 2(n-1)(S/n/B + a); one permute step S/B + a. Group collectives
+start when every member's data is ready; a permute step starts when this rank and its
+predecessor are ready.
+
+Channels of group collectives: the reference signatures of all_gather, reduce_scatter,
+all_reduce, all_to_all and collective_permute (NKI 0.6/0.7, ``nki_signatures.json``)
+have no channel parameter; the runtime picks how the library collective uses the links.
+The simulator runs them on engine CC0 with ``link[0]``. To model a library collective
+that drives both directions of a ring, give channel 0 the bandwidth of both (e.g.
+``link={0: LinkModel(2 * B, a)}``) in the collective-alone run.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -109,7 +119,18 @@ def _tensors(xs: Any, w: str, role: str) -> list[NkiTensor]:
 
 
 def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w: str,
-               hbm_only: bool = False) -> None:
+               hbm_only: bool = False, n_srcs: int | None = None) -> None:
+    """Placement rules of collective tensors (``tensors``: the srcs first, ``n_srcs`` of them).
+
+    From the nki.collectives pages (Neuron SDK 2.33 all_gather / all_reduce, applied by the
+    simulator to every collective): tensors on HBM or SBUF, not a mix, never PSUM; HBM srcs
+    all private_hbm or all shared_hbm; with LNC degree 1 HBM srcs must be private_hbm. A
+    kernel argument is an HBM tensor the caller owns (shared_hbm in the simulator), so at
+    LNC 1 it cannot be a collective src: kernels copy it into a private_hbm buffer first.
+    HBM dsts likewise all private or all shared, and shared_hbm dsts at LNC 1 only when
+    NKI_LNC1_SHARED_HBM=1 is set (read from the environment). Kernel outputs never take part
+    in a collective (checks.kernel_output: a simulator convention, not from the pages).
+    """
     kinds = {t.buffer.is_hbm for t in tensors}
     if any(t.buffer is MemoryRegion.psum for t in tensors):
         raise ConstraintError(f"{w}: collective tensors must be on HBM or SBUF, not PSUM")
@@ -118,10 +139,32 @@ def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w:
     if hbm_only and kinds != {True}:
         raise ConstraintError(f"{w}: {op} tensors must reside on HBM")
     label = f"{op}(name={name!r})" if name else op
+    srcs = tensors[:n_srcs] if n_srcs is not None else []
+    if srcs and srcs[0].buffer.is_hbm:
+        regions = {t.buffer for t in srcs}
+        if len(regions) > 1:
+            raise ConstraintError(f"{w}: collective srcs mix private_hbm and shared_hbm; on HBM they must be "
+                                  f"all private_hbm or all shared_hbm")
+        if ctx.lnc == 1 and regions != {MemoryRegion.private_hbm}:
+            t = next(t for t in srcs if t.buffer is not MemoryRegion.private_hbm)
+            what = ("the kernel's own input tensor " if t.alloc.kind == "input" or t.alloc.id in ctx.inputs
+                    else "tensor ") + t.alloc.label()
+            raise ConstraintError(
+                f"{w}: collective src {what} is in {t.buffer.name}; with LNC degree 1 collective srcs on HBM "
+                f"must be in private_hbm (nki.collectives.all_gather / all_reduce pages, Neuron SDK 2.33); "
+                f"copy it into an nl.private_hbm buffer first")
+    dsts = tensors[n_srcs:] if n_srcs is not None else []
+    if dsts and dsts[0].buffer.is_hbm:
+        if len({t.buffer for t in dsts}) > 1:
+            raise ConstraintError(f"{w}: collective dsts mix private_hbm and shared_hbm; on HBM they must be "
+                                  f"all private_hbm or all shared_hbm")
+        shared = [t for t in dsts if t.buffer is MemoryRegion.shared_hbm]
+        if ctx.lnc == 1 and shared and os.environ.get("NKI_LNC1_SHARED_HBM") != "1":
+            raise ConstraintError(
+                f"{w}: collective dst {shared[0].alloc.label()} is in shared_hbm; with LNC degree 1 a shared_hbm "
+                f"dst needs NKI_LNC1_SHARED_HBM=1 (nki.collectives.all_gather / all_reduce pages, Neuron SDK "
+                f"2.33); use an nl.private_hbm buffer")
     for t in tensors:
-        if t.alloc.kind == "input" or t.alloc.id in ctx.inputs:
-            raise ConstraintError(f"{w}: collective uses the kernel's own input tensor {t.alloc.label()}; "
-                                  f"copy it into an internal buffer first")
         if t.buffer.on_chip:
             checks.partition_dim(t.shape[0], w, f"collective tensor shape {t.shape}")
         t.alloc.collective_touched = t.alloc.collective_touched or f"{label} on rank {ctx.rank}"
@@ -151,7 +194,7 @@ def _group_collective(op: str, name: str | None, srcs: Any, dsts: Any, replica_g
     srcs, dsts = _tensors(srcs, w, "srcs"), _tensors(dsts, w, "dsts")
     if len(srcs) != len(dsts):
         raise ConstraintError(f"{w}: {len(srcs)} srcs but {len(dsts)} dsts")
-    _placement(ctx, op, name, srcs + dsts, w, hbm_only)
+    _placement(ctx, op, name, srcs + dsts, w, hbm_only, n_srcs=len(srcs))
     if len(srcs) > 1 and not srcs[0].buffer.is_hbm:
         raise ConstraintError(f"{w}: coalesced collectives (several tensors) need HBM tensors")
     ranks = _my_list(ctx, replica_group, w)
@@ -239,7 +282,7 @@ def all_to_all(srcs, dsts, replica_group, collective_dim, priority=None, name=No
     """Chunk j of every src goes to list position j; dst concatenates the received chunks in list order."""
     dim = int(collective_dim)
     _group_collective("all_to_all", name, srcs, dsts, replica_group, (dim,),
-                      lambda n, b, link: (n - 1) * link.transfer_s(b / n),
+                      lambda n, b, link: link.alltoall_s(n, b),
                       _Compute(lambda arrays, pos, n: np.concatenate(
                           [np.array_split(a, n, axis=dim)[pos] for a in arrays], axis=dim),
                           _dim_check(dim, grow=False, split=False)),
@@ -254,7 +297,7 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
     srcs, dsts = _tensors(srcs, w, "srcs"), _tensors(dsts, w, "dsts")
     if len(srcs) != 1 or len(dsts) != 1:
         raise ConstraintError(f"{w}: collective_permute takes exactly one src and one dst tensor")
-    _placement(ctx, op, name, srcs + dsts, w, hbm_only=True)
+    _placement(ctx, op, name, srcs + dsts, w, hbm_only=True, n_srcs=len(srcs))
     pairs = tuple((int(s), int(t)) for s, t in source_target_pairs)
     targets = [t for _, t in pairs]
     if len(set(targets)) != len(targets):
@@ -307,7 +350,8 @@ def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_
             raise ConstraintError(f"{w}: each channel takes exactly one tensor (coalescing not supported)")
     dsts = [d[0] for d in dst_lists]
     srcs = [[s[c][0] for s in src_lists] for c in range(len(chans))]
-    _placement(ctx, op, name, dsts + [t for ss in srcs for t in ss], w)
+    flat_srcs = [t for ss in srcs for t in ss]
+    _placement(ctx, op, name, flat_srcs + dsts, w, n_srcs=len(flat_srcs))
     for c, (ss, d) in enumerate(zip(srcs, dsts)):
         for s in ss:
             if s.shape != d.shape:

@@ -65,12 +65,27 @@ class LinkModel:
     """The link a ring runs on: per-rank, per-direction bandwidth and per-hop latency.
 
     One ring step moving ``b`` bytes takes ``b / bandwidth_Bps + latency_s``.
+
+    ``bisection_factor`` (default 1) scales the bandwidth term of ``all_to_all`` only,
+    whose time is ``(n-1) * (S/n / bandwidth_Bps * bisection_factor + latency_s)``. The
+    default is a full-bisection network at the link's bandwidth (every rank sends its n-1
+    chunks over its own link and nothing else shares it: a switch, or 2 ranks). Topologies
+    where chunks cross several hops set it from their bisection, e.g. with one link of
+    bandwidth B per rank and direction:
+      * a one-way ring of n ranks: every link carries S(n-1)/2 bytes, factor n/2;
+      * a two-way ring (both directions, 2B per rank): factor n/4 (n >= 4);
+      * the Trn2 4x4 torus (16 ranks, 4 links of B per chip): the bisection (8 links
+        each way) carries n*S/4 bytes, time S/(2B), factor n/(2(n-1)) = 8/15.
+    (ASSUMPTION: traffic spreads evenly over the bisection; no published NKI figure.)
     """
 
     bandwidth_Bps: float
     latency_s: float
+    bisection_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.bisection_factor > 0:
+            raise ValueError(f"LinkModel.bisection_factor must be > 0, got {self.bisection_factor}")
         if not self.bandwidth_Bps > 0:
             raise ValueError(f"LinkModel.bandwidth_Bps must be > 0, got {self.bandwidth_Bps}")
         if not self.latency_s >= 0:
@@ -79,6 +94,11 @@ class LinkModel:
     def transfer_s(self, nbytes: float) -> float:
         """Seconds for one hop of ``nbytes``: bytes / bandwidth + latency."""
         return nbytes / self.bandwidth_Bps + self.latency_s
+
+    def alltoall_s(self, n: int, nbytes: float) -> float:
+        """Seconds of an all-to-all of ``nbytes`` per rank over ``n`` ranks:
+        (n-1) * (nbytes/n / bandwidth * bisection_factor + latency)."""
+        return (n - 1) * (nbytes / n / self.bandwidth_Bps * self.bisection_factor + self.latency_s)
 
 
 # Default: one direction of one axis of the Trn2 4x4 torus. 1,024 GB/s per chip is the sum

@@ -194,8 +194,18 @@ def test_output_not_in_shared_hbm() -> None:
 
 def test_collective_on_kernel_input_or_output() -> None:
     xs = [(np.zeros((2, 2), F32),)] * 2
-    with pytest.raises(ConstraintError, match="collective uses the kernel's own input tensor 'arg0'"):
+    with pytest.raises(ConstraintError, match="collective src the kernel's own input tensor 'arg0' is in "
+                                              "shared_hbm; with LNC degree 1 collective srcs on HBM must be in "
+                                              "private_hbm"):
         run_ranks(collective_on_input, xs)
+    with pytest.raises(ConstraintError, match=r"collective dst #\d+ is in shared_hbm; with LNC degree 1 a "
+                                              r"shared_hbm dst needs NKI_LNC1_SHARED_HBM=1"):
+        run_ranks(collective_into_output, xs)
+
+
+def test_collective_into_output_with_lnc1_shared_hbm(monkeypatch) -> None:
+    monkeypatch.setenv("NKI_LNC1_SHARED_HBM", "1")
+    xs = [(np.zeros((2, 2), F32),)] * 2
     with pytest.raises(ConstraintError, match=r"kernel output .* is used by collective all_gather\(name='ag'\)"):
         run_ranks(collective_into_output, xs)
 

@@ -275,3 +275,31 @@ def test_rank_id_and_bf16_all_reduce_rounds_once() -> None:
     ref = np.sum([x.astype(np.float32) for x in xs], axis=0).astype(ml_dtypes.bfloat16)
     for out in res.outputs:
         np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("factor", [1.0, 8.0, 8 / 15])
+def test_all_to_all_time_scales_with_bisection_factor(factor: float) -> None:
+    """Request 4: (n-1) * (S/n / B * bisection_factor + a); other collectives unaffected."""
+    from trnopt.kernels.sim import LinkModel, TensorSpec
+
+    n, rows, cols = 16, 64, 256
+    link = LinkModel(100e9, 1e-6, bisection_factor=factor)
+    specs = [(TensorSpec((rows, cols), np.float32),)] * n
+    groups = [list(range(n))]
+    res = run_ranks(group_collective, specs, numerics=False, link=link,
+                    kwargs=dict(groups=groups, kind="all_to_all", out_rows=rows))
+    (a2a,) = [i for i in res.timeline.cores[0].instructions if i.op == "all_to_all"]
+    s = rows * cols * 4
+    assert a2a.end_s - a2a.start_s == pytest.approx((n - 1) * (s / n / 100e9 * factor + 1e-6))
+    res = run_ranks(group_collective, specs, numerics=False, link=link,
+                    kwargs=dict(groups=groups, kind="reduce_scatter", out_rows=rows // n, op=nl.add))
+    (rs,) = [i for i in res.timeline.cores[0].instructions if i.op == "reduce_scatter"]
+    assert rs.end_s - rs.start_s == pytest.approx((n - 1) * (s / n / 100e9 + 1e-6))
+
+
+def test_bisection_factor_validated_and_optional() -> None:
+    from trnopt.kernels.sim import LinkModel
+
+    assert LinkModel(1e9, 0.0) == LinkModel(1e9, 0.0, 1.0)
+    with pytest.raises(ValueError, match="bisection_factor"):
+        LinkModel(1e9, 0.0, bisection_factor=0)
