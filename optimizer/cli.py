@@ -20,6 +20,7 @@ from trnopt.optimizer.layoutfile import problem_dict
 from trnopt.optimizer.overlapdata import measured as measured_overlap
 from trnopt.optimizer.report import evaluation_dict, evaluation_lines, rank_map_lines, solve_dict, solve_text
 from trnopt.optimizer.search import domain_flag, fewest_domains, least_memory, solve
+from trnopt.optimizer.solver import DEFAULT_WORKERS
 from trnopt.optimizer.space import OBJECTIVES, Problem
 from trnopt.optimizer.target import GIB, Target, load_target
 from trnopt.optimizer.workload import DEFAULT_MODEL, Training, Workload, load_model
@@ -211,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default all; 0,1 with --format nxd)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole search (default 60)")
     p.add_argument("--top", type=int, default=3, help="runner-up layouts to show (default 3)")
-    p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"CP-SAT workers (default {DEFAULT_WORKERS})")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, nxd (NxD Training YAML keys) or env (launch environment lines)")

@@ -30,7 +30,7 @@ from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.evaluate import DEFAULT_HEADROOM, Evaluation
 from trnopt.optimizer.layoutfile import layout_dict
 from trnopt.optimizer.search import SearchResult, domain_flag, fewest_domains, solve
-from trnopt.optimizer.solver import SolverMismatch
+from trnopt.optimizer.solver import DEFAULT_WORKERS, SolverMismatch
 from trnopt.optimizer.space import OBJECTIVES, Problem
 from trnopt.optimizer.target import GIB, Target, load_target
 from trnopt.optimizer.workload import DEFAULT_MODEL, Training, Workload, load_model
@@ -205,7 +205,7 @@ def register(sub) -> None:
     p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM, help="HBM share kept free (default 0.10)")
     p.add_argument("--objective", default="step-time", help="step-time (default) or goodput")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds of search per target (default 60)")
-    p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"CP-SAT workers (default {DEFAULT_WORKERS})")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
     p.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout only)")
     p.add_argument("--force", action="store_true", help="allow --json to replace an existing file")

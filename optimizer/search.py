@@ -11,7 +11,7 @@ from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.evaluate import Evaluation, evaluate, objective_value
 from trnopt.optimizer.layout import Layout, default_placement
 from trnopt.optimizer.memory import sharded_state_per_chip, usable_hbm
-from trnopt.optimizer.solver import fits, greedy_layout, minimum_memory, solve_space
+from trnopt.optimizer.solver import DEFAULT_WORKERS, fits, greedy_layout, minimum_memory, solve_space
 from trnopt.optimizer.space import Problem, Space
 from trnopt.optimizer.target import GIB
 
@@ -38,7 +38,7 @@ class SearchResult:
     domains_note: str = ""
 
 
-def solve(problem: Problem, time_limit: float = 60.0, workers: int = 2, seed: int = 0, top: int = 3) -> SearchResult:
+def solve(problem: Problem, time_limit: float = 60.0, workers: int = DEFAULT_WORKERS, seed: int = 0, top: int = 3) -> SearchResult:
     """Solve every LNC's space within ``time_limit`` in all; raise InfeasibleError with the explanation."""
     start = time.perf_counter()
     results = []
@@ -100,13 +100,13 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
     return result
 
 
-def least_memory(problem: Problem, workers: int = 2, seed: int = 0) -> float:
+def least_memory(problem: Problem, workers: int = DEFAULT_WORKERS, seed: int = 0) -> float:
     """A floor on the memory per chip (bytes) every layout needs on this problem's machine."""
     values = [minimum_memory(Space(problem, lnc), workers=workers, seed=seed) for lnc in problem.lnc_values]
     return min((v for v in values if v is not None), default=math.inf)
 
 
-def explain_infeasible(problem: Problem, workers: int = 2, seed: int = 0) -> str:
+def explain_infeasible(problem: Problem, workers: int = DEFAULT_WORKERS, seed: int = 0) -> str:
     """What the least memory any layout needs is, against what the target has, and what would fit."""
     need = least_memory(problem, workers, seed)
     have = usable_hbm(problem.target, problem.headroom)
@@ -124,7 +124,7 @@ def explain_infeasible(problem: Problem, workers: int = 2, seed: int = 0) -> str
     return "; ".join(lines)
 
 
-def fewest_domains(problem: Problem, start: int = 1, workers: int = 2, seed: int = 0) -> int | None:
+def fewest_domains(problem: Problem, start: int = 1, workers: int = DEFAULT_WORKERS, seed: int = 0) -> int | None:
     """The fewest domains (from ``start``) on which some layout fits with the headroom."""
     have = usable_hbm(problem.target, problem.headroom)
     t, w = problem.target, problem.workload

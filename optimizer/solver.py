@@ -49,6 +49,10 @@ OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (
 # times the best compute) or a memory past 2^44 bytes (16 TiB per chip) is far from any
 # optimum and any HBM. Every product pairs such a variable with a multiplier below 2^17.
 CAP = 2**44
+# CP-SAT workers: four beat two on these 2-core machines (benchmarks/solver_scaling.py: the
+# portfolio's bound-proving workers matter more than the cores); interleaved search keeps
+# the answer deterministic for a fixed seed and worker count.
+DEFAULT_WORKERS = 4
 
 
 class SolverMismatch(AssertionError):
@@ -696,7 +700,7 @@ def _solver(time_limit: float, workers: int, seed: int) -> cp_model.CpSolver:
     return solver
 
 
-def solve_space(space: Space, time_limit: float = 60.0, workers: int = 2, seed: int = 0,
+def solve_space(space: Space, time_limit: float = 60.0, workers: int = DEFAULT_WORKERS, seed: int = 0,
                 runners_up: int = 0, cutoff: float | None = None) -> LnCResult:
     """Solve one LNC's space; re-score the answer with the cost model and check they agree.
 
@@ -760,7 +764,7 @@ def score_layout(space: Space, layout: Layout, workers: int = 1) -> tuple[float,
     return solver.objective_value * lm.objective_unit, lm.objective.error(solver.value) * lm.objective_unit
 
 
-def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = 2, seed: int = 0) -> float | None:
+def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = DEFAULT_WORKERS, seed: int = 0) -> float | None:
     """A floor on the memory per chip (bytes) every layout of the space needs, HBM limit ignored:
     the least memory when proven within the time limit, else CP-SAT's proven bound."""
     lm = LayoutModel(space, memory_objective=True)
@@ -770,7 +774,7 @@ def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = 2, see
     return solver.best_objective_bound
 
 
-def fits(space: Space, time_limit: float = 20.0, workers: int = 2, seed: int = 0) -> bool | None:
+def fits(space: Space, time_limit: float = 20.0, workers: int = DEFAULT_WORKERS, seed: int = 0) -> bool | None:
     """Whether some layout of the space fits the HBM limit (None: undecided within the time limit)."""
     lm = LayoutModel(space, memory_objective=True)
     lm.model.add(lm.memory.expr <= int(space.problem.target.chip.hbm_bytes * (1 - space.problem.headroom)))
