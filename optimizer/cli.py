@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -84,25 +85,22 @@ def workload_from_args(args) -> Workload:
 
 
 # -- commands ------------------------------------------------------------------------------
-def cmd_targets(args) -> int:
-    if args.action == "show":
-        if not args.name:
-            raise InputError("trnopt targets show", "NAME", "name a target (trnopt targets lists them)")
-        target = load_target(args.name)
-        print(json.dumps(catalog.target_dict(target), indent=2) if args.as_json else catalog.target_details(target))
-    else:
-        print(catalog.targets_table())
-    return 0
+CATALOGS = {  # command -> (loader, details text, JSON dict, listing)
+    "targets": (load_target, catalog.target_details, catalog.target_dict, catalog.targets_table),
+    "models": (load_model, catalog.model_details, catalog.model_dict, catalog.models_table),
+}
 
 
-def cmd_models(args) -> int:
+def cmd_catalog(args) -> int:
+    """`trnopt targets|models [show NAME] [--json]`."""
+    load, details, as_dict, listing = CATALOGS[args.command]
     if args.action == "show":
         if not args.name:
-            raise InputError("trnopt models show", "NAME", "name a model (trnopt models lists them)")
-        model = load_model(args.name)
-        print(json.dumps(catalog.model_dict(model), indent=2) if args.as_json else catalog.model_details(model))
+            raise InputError(f"trnopt {args.command} show", "NAME", f"name one (trnopt {args.command} lists them)")
+        item = load(args.name)
+        print(json.dumps(as_dict(item), indent=2) if args.as_json else details(item))
     else:
-        print(catalog.models_table())
+        print(listing())
     return 0
 
 
@@ -183,13 +181,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
     p.add_argument("name", nargs="?")
     p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text")
-    p.set_defaults(run=cmd_targets)
+    p.set_defaults(run=cmd_catalog)
 
     p = sub.add_parser("models", help="list the model presets, or show one")
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
     p.add_argument("name", nargs="?")
     p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text")
-    p.set_defaults(run=cmd_models)
+    p.set_defaults(run=cmd_catalog)
 
     p = sub.add_parser("evaluate", help="score one hand-written layout with the cost model")
     add_problem_args(p)
@@ -251,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader (e.g. `| head`) left: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug: say so in one line; --debug shows the traceback
         if args.debug:
             raise
