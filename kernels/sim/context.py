@@ -32,6 +32,46 @@ class SharedHbm:
             return self._allocs[k]
 
 
+class OnChipSpace:
+    """Addresses in one on-chip buffer (SBUF bytes per partition, or PSUM banks), first fit.
+
+    Memory reuse carries hazards: when an allocation is freed (its last view garbage
+    collected), the latest end time of the instructions that read or wrote it is kept with
+    its address range; a later allocation placed over that range cannot be accessed
+    before then (write-after-read/write on the reused memory). Allocations that do not fit
+    (the capacity check counts bytes and reports over-capacity separately) go past the end
+    and inherit nothing.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used: dict[int, tuple[int, int]] = {}  # alloc id -> [lo, hi)
+        self.released: list[tuple[int, int, float]] = []  # freed ranges and their last access end
+
+    def place(self, aid: int, size: int) -> float:
+        """Give ``aid`` an address range of ``size``; return the time its memory is free."""
+        spans = sorted(self.used.values())
+        lo = 0
+        for a, b in spans:
+            if a - lo >= size:
+                break
+            lo = max(lo, b)
+        hi = lo + size
+        self.used[aid] = (lo, hi)
+        if hi > self.capacity:
+            return 0.0
+        return max((t for a, b, t in self.released if a < hi and lo < b), default=0.0)
+
+    def release(self, aid: int, last_use: float) -> None:
+        span = self.used.pop(aid, None)
+        if span is None or span[1] > self.capacity:
+            return
+        lo, hi = span
+        self.released = [(a, b, t) for a, b, t in self.released if not (lo <= a and b <= hi and t <= last_use)]
+        if last_use > 0:
+            self.released.append((lo, hi, last_use))
+
+
 class CoreContext:
     """One core running the kernel: rank, program, memory, numerics flag and timeline."""
 
@@ -52,6 +92,7 @@ class CoreContext:
         self.psum_banks = 0
         self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
         self.inputs: set[int] = set()
+        self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit), MemoryRegion.psum: OnChipSpace(rates.PSUM_NUM_BANKS)}
 
     @property
     def who(self) -> tuple[int, int]:
@@ -87,10 +128,14 @@ class CoreContext:
         if buffer.on_chip:
             nbytes = alloc.bytes_per_partition
             self.live[alloc.id] = (buffer, nbytes, alloc.label())
+            size = nbytes if buffer is MemoryRegion.sbuf else checks.psum_banks(nbytes)
             if buffer is MemoryRegion.sbuf:
                 self.sbuf_used += nbytes
             else:
-                self.psum_banks += checks.psum_banks(nbytes)
+                self.psum_banks += size
+            free_at = self.space[buffer].place(alloc.id, size)
+            if free_at > 0:
+                self.timeline.reserve(alloc.id, tuple((0, n) for n in shape), free_at)
             weakref.finalize(alloc, self._free, alloc.id)
         else:
             weakref.finalize(alloc, self.timeline.forget, alloc.id)
@@ -104,6 +149,7 @@ class CoreContext:
                 self.sbuf_used -= nbytes
             else:
                 self.psum_banks -= checks.psum_banks(nbytes)
+            self.space[buffer].release(aid, self.timeline.last_use(aid))
         self.timeline.forget(aid)
 
     def input_tensor(self, value: Any, index: int) -> NkiTensor:

@@ -137,6 +137,19 @@ class CoreTimeline:
             if prev is None or prev < read_end:
                 acc.reads[box] = read_end
 
+    def reserve(self, alloc_id: int, box: tuple[tuple[int, int], ...], until: float) -> None:
+        """Nothing may access ``box`` of a new allocation before ``until`` (its memory was
+        used by a freed allocation until then; see context.OnChipSpace)."""
+        acc = self._access.setdefault(alloc_id, _Accesses())
+        acc.writes.append((box, until))
+
+    def last_use(self, alloc_id: int) -> float:
+        """Latest end of the recorded accesses of an allocation (0 if none)."""
+        acc = self._access.get(alloc_id)
+        if acc is None:
+            return 0.0
+        return max([e for _, e in acc.writes] + list(acc.reads.values()), default=0.0)
+
     def forget(self, alloc_id: int) -> None:
         self._access.pop(alloc_id, None)
 
