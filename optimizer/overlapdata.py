@@ -19,18 +19,16 @@ all-gather, forward and backward), the first half hidden by ``allgather_matmul``
 second by ``matmul_reduce_scatter``, so its hidden fraction is their mean
 (``tp_fraction``).
 
-The cost model (steptime.step_time, solver tp_x / tp_y) looks ``hidden`` up by link class
-only: ``hidden.get(collectives.link_class(span), 0.0)``. ``OverlapTable`` is that mapping
-too: per link class, the smallest TP fraction over the degrees measured there (the
-conservative value when the degree is not known). ``tp_hidden(hidden, span)`` is the
-degree-aware lookup for callers that pass the span; it accepts a plain dict as well.
+The cost model (steptime.step_time and the solver's TP tables) asks ``tp_hidden(hidden,
+span)``: the table's ``tp_fraction`` for the group's degree and link class, or, for a
+plain mapping link class -> fraction, that mapping's value.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -48,8 +46,8 @@ def _clamp(x: float) -> float:
     return min(1.0, max(0.0, float(x)))
 
 
-class OverlapTable(Mapping[str, float]):
-    """Measured hidden fractions; a Mapping link class -> conservative TP fraction."""
+class OverlapTable:
+    """Measured hidden fractions by (kernel, TP degree, link class)."""
 
     def __init__(self, doc: dict, source: str = TABLE_FILE):
         self.source = source
@@ -88,22 +86,6 @@ class OverlapTable(Mapping[str, float]):
     def tp_fraction(self, tp: int, link_class: str) -> float:
         """The TP term's hidden fraction: mean of the all-gather and reduce-scatter halves."""
         return sum(self.fraction(k, tp, link_class) for k in TP_KERNELS) / len(TP_KERNELS)
-
-    # -- Mapping[str, float]: link class -> smallest TP fraction measured there ---------------
-    def _classes(self) -> list[str]:
-        return sorted({c for _, _, c in self._by_key})
-
-    def __getitem__(self, link_class: str) -> float:
-        degrees = sorted({t for k, t, c in self._by_key if c == link_class})
-        if not degrees:
-            raise KeyError(link_class)
-        return min(self.tp_fraction(t, link_class) for t in degrees)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._classes())
-
-    def __len__(self) -> int:
-        return len(self._classes())
 
     def __repr__(self) -> str:
         return f"OverlapTable({self.source}, {len(self.rows)} rows)"

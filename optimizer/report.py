@@ -56,17 +56,18 @@ def rank_map_lines(e: Evaluation, target: Target) -> list[str]:
 
 
 def overlap_source_line(e: Evaluation, hidden) -> str:
-    """Where the TP term's hidden fraction came from (the measured table), or '' when no overlap is modelled."""
+    """Where the TP term's hidden fraction came from (the measured table), or '' when none applies."""
     from trnopt.optimizer import collectives as cc
-    from trnopt.optimizer.overlapdata import OverlapTable
+    from trnopt.optimizer.overlapdata import TP_KERNELS, OverlapTable, tp_hidden
 
     span = e.layout.span("tp")
     if not span or not e.step.tp_raw or not isinstance(hidden, OverlapTable):
         return ""
     cls = cc.link_class(span)
-    return (f"    overlap on {cls} links: {hidden.get(cls, 0.0):.2f} of TP communication hidden, from {hidden.source} "
-            f"(simulator; measured at TP{e.layout.tp}: {hidden.tp_fraction(e.layout.tp, cls):.2f}; "
-            f"the search takes the smallest fraction over the TP degrees measured on {cls})")
+    found = ", ".join(f"{k} {hidden.fraction(k, e.layout.tp, cls):.2f} ({hidden.source_of(k, e.layout.tp, cls)})"
+                      for k in TP_KERNELS)
+    return (f"    overlap at TP{e.layout.tp} on {cls} links: {tp_hidden(hidden, span):.2f} hidden, the mean of "
+            f"{found}, from {hidden.source} (simulator timelines)")
 
 
 def solve_text(result: SearchResult) -> str:

@@ -35,8 +35,9 @@ from trnopt.optimizer import collectives as cc
 from trnopt.optimizer.evaluate import Evaluation, checkpoint_bytes, evaluate, objective_value
 from trnopt.optimizer.layout import DIMS, RECOMPUTE, Layout, default_placement
 from trnopt.optimizer.memory import activation_bytes_per_layer
+from trnopt.optimizer.overlapdata import tp_hidden
 from trnopt.optimizer.reliability import reliability
-from trnopt.optimizer.space import INTERLEAVES, ZERO_STAGES, Problem, Space, divisors, prime_exponents
+from trnopt.optimizer.space import INTERLEAVES, Problem, Space, divisors, prime_exponents
 from trnopt.optimizer.steptime import (BACKWARD_SHARE, compute_time, ep_alltoalls_per_layer,
                                        tp_collectives_per_layer)
 
@@ -233,10 +234,8 @@ class LayoutModel:
         if "ep" in self.active and "dp" in self.active:
             self.dpg = [self.one_hot(divs, f"dpg@{a.name}") for a, divs in zip(axes, self.axis_divisors)]
         # memory plan: ZeRO stage, recomputation, micro-batch size, interleaved stages
-        self.zero = self.one_hot(ZERO_STAGES, "zero")
-        for stage, b in zip(ZERO_STAGES, self.zero):
-            if stage not in self.problem.zero_stages:
-                self.model.add(b == 0)
+        self.zero_values = tuple(self.problem.zero_stages)
+        self.zero = self.one_hot(self.zero_values, "zero")
         self.rc = self.one_hot(RECOMPUTE, "recompute")
         self.micro = self.one_hot(space.micro_batches, "micro_batch")
         self.interleaves = INTERLEAVES if "pp" in self.active else (1,)
@@ -252,6 +251,22 @@ class LayoutModel:
             self._dp_index = self.var(0, len(self.dp_values) - 1, "dp_index")
             self.model.add_element(self._dp_index.expr, self.dp_values, self.materialise(self.dp_total, "dpv").expr)
         return self._dp_index
+
+    def zero_is(self, stage: int):
+        """The literal 'ZeRO stage is ``stage``', or a constant when the stage is excluded or the only one."""
+        if stage not in self.zero_values:
+            return False
+        if len(self.zero_values) == 1:
+            return True
+        return self.zero[self.zero_values.index(stage)]
+
+    def select(self, literal, var: Term, if_true, if_false) -> None:
+        """var == if_true when the literal holds, else if_false (the literal may be a constant)."""
+        if literal is True or literal is False:
+            self.model.add(var.expr == (if_true if literal else if_false))
+            return
+        self.model.add(var.expr == if_true).only_enforce_if(literal)
+        self.model.add(var.expr == if_false).only_enforce_if(literal.Not())
 
     def degree(self, dim: str) -> Term:
         return self.value(self.deg[dim], self.degree_values[dim]) if dim in self.active else const(1)
@@ -347,8 +362,8 @@ class LayoutModel:
             self.table(dp_index, [round(dense * dp / ranks) for dp in self.dp_values], "rep_d"),
             self.table(self.index(self.deg["dp"]) if "dp" in self.active else const(0),
                        [round(experts * d / ranks) for d in self.degree_values.get("dp", (1,))], "rep_e"))
-        u = self.table(self.index(self.zero), [unsharded[z] for z in ZERO_STAGES], "unsharded")
-        s = self.table(self.index(self.zero), [per_param - unsharded[z] for z in ZERO_STAGES], "sharded")
+        u = self.table(self.index(self.zero), [unsharded[z] for z in self.zero_values], "unsharded")
+        s = self.table(self.index(self.zero), [per_param - unsharded[z] for z in self.zero_values], "sharded")
         state = self.add(self.mul(u, replicated, "state_rep"),
                          self.mul(s, const(round((dense + experts) / ranks)), "state_sh"))
         state = self.mul(self.degree("cp"), state, "state")
@@ -447,11 +462,11 @@ class LayoutModel:
         def tp_x(span):
             k, _ = coeff("all_reduce", span)
             tp = math.prod(f for _, f in span)
-            return self.ticks((1 - hidden.get(cc.link_class(span), 0.0)) * B * tp * s * h * a * k / R)
+            return self.ticks((1 - tp_hidden(hidden, span)) * B * tp * s * h * a * k / R)
 
         def tp_y(span):
             _, lam = coeff("all_reduce", span)
-            return self.ticks((1 - hidden.get(cc.link_class(span), 0.0)) * lam)
+            return self.ticks((1 - tp_hidden(hidden, span)) * lam)
 
         np_ = self.table(rc_pp, [n * ls * pp for n in n_tp for ls, pp in zip(ls_of, pp_v)], "tp_np")
         nl_ = self.table(rc_pp, [n * ls for n in n_tp for ls in ls_of], "tp_nl")
@@ -542,13 +557,12 @@ class LayoutModel:
                           self.row_table(self.place.get("dp"), ey, name + "_ey")]
             return self.materialise(self.add(*parts), name)
 
-        z3 = self.zero[3]
+        z3 = self.zero_is(3)
         if dense_group is not None:
             dp_full = group_time("all_reduce", g, "dp")
             half = self.div(dp_full, const(2), "dp_half")
             dp_total = self.var(0, dp_full.hi, "dp_comm", error=dp_full.error)
-            self.model.add(dp_total.expr == dp_full.expr).only_enforce_if(z3.Not())
-            self.model.add(dp_total.expr == half.expr).only_enforce_if(z3)
+            self.select(z3, dp_total, half.expr, dp_full.expr)
             bw12 = self.table(self.index(self.rc), [int(round(12 * BACKWARD_SHARE[rc])) for rc in RECOMPUTE], "bw12")
             window = self.div(self.mul(work, bw12, "window_n"), self.mul(const(12), m, "window_d"), "window")
             first = self.div(dp_total, self.ls, "dp_bucket")
@@ -560,8 +574,7 @@ class LayoutModel:
             # the layouts that do not gather at all
             gather_time = group_time("all_gather", wb, "z3")
             gather = self.var(0, gather_time.hi, "z3_gather", error=gather_time.error)
-            self.model.add(gather.expr == gather_time.expr).only_enforce_if(z3)
-            self.model.add(gather.expr == 0).only_enforce_if(z3.Not())
+            self.select(z3, gather, gather_time.expr, 0)
             gathers = self.mul(const(2), self.mul(m, gather, "z3_m"), "z3_all")
             z3_first = self.div(gather, self.ls, "z3_first")
             z3_rest = Term(gathers.expr - compute.expr, -compute.hi, gathers.hi, self.add(gathers, compute).error)
@@ -570,12 +583,11 @@ class LayoutModel:
         # optimizer: reads and writes the rank's (sharded) state once at HBM bandwidth
         per_byte = 2 * tr.state_bytes_per_param * c / t.chip.hbm_bandwidth / R
         sharded = self.ticks(per_byte * (dense + experts))  # rounded: err 0.5
-        z0 = self.zero[0]
+        z0 = self.zero_is(0)
         unsharded = self.add(self.mul(const(self.ticks(per_byte * dense), 0.5), self.dp_total, "opt_d"),
                              self.mul(const(self.ticks(per_byte * experts), 0.5), self.degree("dp"), "opt_e"))
         opt = self.var(0, max(unsharded.hi, sharded), "opt", error=lambda value: max(unsharded.error(value), 0.5))
-        self.model.add(opt.expr == unsharded.expr).only_enforce_if(z0)
-        self.model.add(opt.expr == sharded).only_enforce_if(z0.Not())
+        self.select(z0, opt, unsharded.expr, sharded)
         step.append(self.mul(cp_deg, opt, "opt_cp"))
         return self.materialise(self.add(*step), "step")
 
@@ -587,7 +599,7 @@ class LayoutModel:
         ckpt = checkpoint_bytes(p.workload)
         dp_values = self.dp_values
         table = []
-        for zero in ZERO_STAGES:
+        for zero in self.zero_values:
             for dp in dp_values:
                 writers = chips if zero >= 1 else max(1, chips // dp)
                 good = reliability(p.target, chips, ckpt, writers).goodput
@@ -609,7 +621,7 @@ class LayoutModel:
             value = math.prod(row)
             for v, b in zip(self.degree_values[d], self.deg[d]):
                 self.model.add_hint(b, v == value)
-        for v, b in zip(ZERO_STAGES, self.zero):
+        for v, b in zip(self.zero_values, self.zero):
             self.model.add_hint(b, v == hint.zero)
         for v, b in zip(RECOMPUTE, self.rc):
             self.model.add_hint(b, v == hint.recompute)
@@ -631,7 +643,7 @@ class LayoutModel:
             return values[next(i for i, b in enumerate(bools) if solver.boolean_value(b))]
 
         return Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
-                      axes=self.space.axes, placement=tuple(rows), zero=pick(ZERO_STAGES, self.zero),
+                      axes=self.space.axes, placement=tuple(rows), zero=pick(self.zero_values, self.zero),
                       recompute=pick(RECOMPUTE, self.rc), micro_batch=pick(self.space.micro_batches, self.micro),
                       interleave=pick(self.interleaves, self.inter), lnc=self.space.lnc)
 
@@ -642,7 +654,7 @@ class LayoutModel:
             for j, bools in enumerate(self.place[d]):
                 for v, b in zip(self.axis_divisors[j], bools):
                     self.model.add(b == (v == row[j]))
-        for values, bools, chosen in ((ZERO_STAGES, self.zero, layout.zero), (RECOMPUTE, self.rc, layout.recompute),
+        for values, bools, chosen in ((self.zero_values, self.zero, layout.zero), (RECOMPUTE, self.rc, layout.recompute),
                                       (self.space.micro_batches, self.micro, layout.micro_batch),
                                       (self.interleaves, self.inter, layout.interleave)):
             for v, b in zip(values, bools):
@@ -686,17 +698,13 @@ STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.I
           cp_model.MODEL_INVALID: "MODEL_INVALID", cp_model.UNKNOWN: "UNKNOWN"}
 
 
-def _solver(time_limit: float, workers: int, seed: int) -> cp_model.CpSolver:
+def _solver(time_limit: float, workers: int, seed: int, interleave: bool = True) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     # interleaved search makes several workers deterministic for a fixed seed and count
-    solver.parameters.interleave_search = workers > 1
-    import os
-    for kv in filter(None, os.environ.get("TRNOPT_CPSAT", "").split(",")):
-        k, v = kv.split("=")
-        setattr(solver.parameters, k, type(getattr(solver.parameters, k))(v))
+    solver.parameters.interleave_search = interleave and workers > 1
     return solver
 
 
@@ -717,13 +725,19 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = DEFAULT_W
             return first
         bound = objective_value(first.evaluation, "goodput") * 1.000001 + 1e-12
         time_limit = max(1.0, time_limit - (time.perf_counter() - start))
-    lm = LayoutModel(space, step_bound=bound)
     if cutoff is not None:
-        lm.model.add(lm.objective.expr <= math.floor(cutoff * (1 + 1e-6) / lm.objective_unit) + 1)
+        # Prove first that nothing beats the cutoff, usually at once. Without interleaving:
+        # CP-SAT 9.15 aborts ("heuristics.fixed_search != nullptr") when an interleaved search
+        # meets a model that the cutoff makes infeasible. If something better exists, the
+        # ordinary solve below finds it, deterministically.
+        probe = LayoutModel(space, step_bound=bound)
+        probe.model.add(probe.objective.expr <= math.floor(cutoff * (1 + 1e-6) / probe.objective_unit) + 1)
+        if STATUS[_solver(time_limit, workers, seed, interleave=False).solve(probe.model)] == "INFEASIBLE":
+            return LnCResult(space.lnc, "NO_BETTER", None, math.inf, math.inf, time.perf_counter() - start)
+        time_limit = max(1.0, time_limit - (time.perf_counter() - start))
+    lm = LayoutModel(space, step_bound=bound)
     solver = _solver(time_limit, workers, seed)
     status = STATUS[solver.solve(lm.model)]
-    if status == "INFEASIBLE" and cutoff is not None:
-        status = "NO_BETTER"
     if status not in ("OPTIMAL", "FEASIBLE"):
         return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start)
     layout = lm.layout(solver)
@@ -736,7 +750,8 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = DEFAULT_W
     for _ in range(runners_up):
         lm.forbid_degrees(result.runners_up[-1].layout if result.runners_up else layout)
         lm.model.clear_hints()
-        sub = _solver(max(1.0, time_limit / 10), workers, seed)
+        # one worker: deterministic, and clear of the interleaved-search abort noted above
+        sub = _solver(max(1.0, time_limit / 10), 1, seed)
         if STATUS[sub.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
             break
         result.runners_up.append(evaluate(p.workload, lm.layout(sub), p.target, p.headroom, p.hidden,
@@ -768,7 +783,7 @@ def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = DEFAUL
     """A floor on the memory per chip (bytes) every layout of the space needs, HBM limit ignored:
     the least memory when proven within the time limit, else CP-SAT's proven bound."""
     lm = LayoutModel(space, memory_objective=True)
-    solver = _solver(time_limit, workers, seed)
+    solver = _solver(time_limit, workers, seed, interleave=False)  # the bound is the answer, not the layout
     if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
         return None
     return solver.best_objective_bound
@@ -779,6 +794,6 @@ def fits(space: Space, time_limit: float = 20.0, workers: int = DEFAULT_WORKERS,
     lm = LayoutModel(space, memory_objective=True)
     lm.model.add(lm.memory.expr <= int(space.problem.target.chip.hbm_bytes * (1 - space.problem.headroom)))
     lm.model.clear_objective()
-    solver = _solver(time_limit, workers, seed)
+    solver = _solver(time_limit, workers, seed, interleave=False)  # yes or no, not a layout
     status = STATUS[solver.solve(lm.model)]
     return {"OPTIMAL": True, "FEASIBLE": True, "INFEASIBLE": False}.get(status)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from trnopt.optimizer.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.overlapdata import OverlapTable
 from trnopt.optimizer.target import Axis, Target
 from trnopt.optimizer.workload import Workload
 
@@ -50,7 +51,7 @@ class Problem:
     domains: int = 1
     headroom: float = 0.10
     objective: str = "step-time"
-    hidden: Mapping[str, float] = field(default_factory=dict)
+    hidden: Mapping[str, float] | OverlapTable = field(default_factory=dict)  # see overlapdata.tp_hidden
     lnc: tuple[int, ...] | None = None  # None: every LNC the chip allows
     with_latency: bool = True
     zero_stages: tuple[int, ...] = ZERO_STAGES  # e.g. (0, 1) for frameworks with ZeRO-1 only

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from trnopt.optimizer import collectives as cc
+from trnopt.optimizer import overlapdata
 from trnopt.optimizer.layout import Layout
 from trnopt.optimizer.memory import layers_per_stage, params_per_rank
 from trnopt.optimizer.target import Target
@@ -105,8 +106,9 @@ def step_time(workload: Workload, layout: Layout, target: Target,
               hidden: Mapping[str, float] | None = None, with_latency: bool = True) -> StepTime:
     """The step-time breakdown of ``layout`` (see the module docstring for every term).
 
-    ``hidden`` maps a link class (core, torus, ring, switch, scale_out) to the fraction
-    of TP communication the overlap kernels hide there; absent classes hide nothing.
+    ``hidden`` gives the fraction of TP communication the overlap kernels hide: the
+    measured table (overlapdata.OverlapTable, by TP degree and link class) or a plain
+    mapping link class -> fraction; what it does not cover hides nothing.
     """
     mdl, tr = workload.model, workload.training
     c, L = layout.ranks_per_chip, layers_per_stage(workload, layout)
@@ -121,8 +123,7 @@ def step_time(workload: Workload, layout: Layout, target: Target,
 
     block = s_local * b * h * act
     tp_raw = m * L * tp_collectives_per_layer(layout.recompute) * time("all_reduce", block, "tp")
-    tp_hidden = (hidden or {}).get(cc.link_class(layout.span("tp")), 0.0)
-    tp = tp_raw * (1 - tp_hidden)
+    tp = tp_raw * (1 - overlapdata.tp_hidden(hidden, layout.span("tp")))
 
     kv = tr.seq * b * 2 * max(mdl.kv_heads, layout.tp) // layout.tp * mdl.head_dim * act
     cp = m * L * 2 * time("all_gather", kv, "cp")

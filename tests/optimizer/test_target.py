@@ -88,11 +88,6 @@ def test_reliability_scales_with_chips_per_instance(name):
     assert per_accelerator_h == pytest.approx(50_700, rel=2e-3)
 
 
-@pytest.mark.parametrize("name", BUILTIN_TARGETS)
-def test_efficiency_is_the_shared_fit(name):
-    t = load_target(name)
-    assert (t.efficiency.max_matmul, t.efficiency.half_width) == (0.70, 128)
-
 
 def test_user_file_by_path(tmp_path: Path):
     path = tmp_path / "mine.toml"
