@@ -80,11 +80,19 @@ def instance_table(layout: Layout, places: list[RankPlace], limit: int = 8) -> l
     for (domain, inst), ranks in sorted(seen.items())[:limit]:
         tps = sorted({group_of[p.rank] for p in ranks})
         stages = sorted({p.coords["pp"] for p in ranks})
-        lines.append(f"  domain {domain} instance {inst}: ranks {ranks[0].rank}..{ranks[-1].rank} "
-                     f"({len(ranks)}), TP groups {_ranges(tps)}, pipeline stages {_ranges(stages)}")
+        lines.append(f"  domain {domain} instance {inst}: {len(ranks)} ranks {_rank_set([p.rank for p in ranks])}, "
+                     f"TP groups {_ranges(tps)}, pipeline stages {_ranges(stages)}")
     if len(seen) > limit:
         lines.append(f"  ... {len(seen) - limit} more instances, same pattern")
     return lines
+
+
+def _rank_set(ranks: list[int]) -> str:
+    """'0..63' when contiguous, '0..252 step 4' when evenly spaced, else the ranges."""
+    steps = {b - a for a, b in zip(ranks, ranks[1:])}
+    if len(steps) == 1 and steps != {1}:
+        return f"{ranks[0]}..{ranks[-1]} step {steps.pop()}"
+    return _ranges(ranks).replace("-", "..")
 
 
 def _ranges(values: list[int]) -> str:

@@ -73,7 +73,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
     out: list[tuple[str, Layout]] = []
     greedy = greedy_layout(Space(p, lay.lnc))
     if greedy is not None:
-        out.append(("TP on the fastest links up to 8 ranks, the rest DP", greedy))
+        out.append(("greedy: TP of 8 (or the nearest degree) on the fastest links, the rest DP", greedy))
     degrees = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp // lay.ep, "pp": lay.pp}
     try:
         out.append(("same degrees, TP innermost placement", replace(lay, placement=default_placement(lay.axes, degrees))))
@@ -95,7 +95,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
         if not e.fits:
             verdict = f"over memory: {e.memory.total / GIB:.1f} GiB/chip > {e.usable_bytes / GIB:.1f} usable"
         else:
-            verdict = f"slower by {100 * (objective_value(e, p.objective) / base - 1):.1f}%"
+            verdict = f"slower by {100 * (objective_value(e, p.objective) / base - 1):.2g}%"
         result.append(Alternative(name, e, verdict))
     return result
 
