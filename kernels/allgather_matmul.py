@@ -26,19 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
-from trnopt.kernels.tiling import PMAX, MatmulPipeline, RowBlock, choose_tiling, split_rows, unit_pieces
-
-
-def _my_ring(groups: Sequence[Sequence[int]], me: int) -> list[int]:
-    for g in groups:
-        if me in g:
-            return list(g)
-    raise AssertionError(f"rank {me} is in no rank-list of replica groups {[list(g) for g in groups]}")
-
-
-def _check_groups(groups: Sequence[Sequence[int]]) -> None:
-    sizes = {len(g) for g in groups}
-    assert len(sizes) == 1, f"replica groups must have equal sizes, got {[len(g) for g in groups]}"
+from trnopt.kernels.tiling import (PMAX, MatmulPipeline, RowBlock, choose_tiling, matmul_operands, ring_setup,
+                                   split_rows, unit_pieces)
 
 
 @nki.jit
@@ -76,19 +65,9 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=4):
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2) and
     M_shard >= channels; pieces >= 1; rank-lists of equal size; one program per rank (LNC 1).
     """
-    assert len(x_t.shape) == 2 and len(w.shape) == 2, (
-        f"x_t and w must be 2-D, got x_t {tuple(x_t.shape)}, w {tuple(w.shape)}")
-    k, ms = x_t.shape
-    kw, n = w.shape
-    assert k == kw, f"contraction mismatch: x_t is [{k}, {ms}] but w is [{kw}, {n}]"
-    assert x_t.dtype == w.dtype, f"x_t dtype {x_t.dtype} != w dtype {w.dtype}"
-    assert channels in (1, 2), f"channels must be 1 or 2, got {channels}"
+    k, ms, n = matmul_operands(x_t, w)
+    rg, ring, tp = ring_setup(groups, channels, "allgather_matmul")
     assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
-    assert nl.num_programs() == 1, f"allgather_matmul runs one program per rank (LNC 1), got {nl.num_programs()}"
-    _check_groups(groups)
-    rg = ncc.ReplicaGroup([list(g) for g in groups])
-    ring = _my_ring(groups, ncc.rank_id())
-    tp = len(ring)
     y = nl.ndarray((tp * ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
 
     assert pieces >= 1, f"pieces must be >= 1, got {pieces}"
@@ -138,13 +117,8 @@ def allgather_ring(x_t, groups, channels=1):
     """
     assert len(x_t.shape) == 2, f"x_t must be 2-D, got {tuple(x_t.shape)}"
     k, ms = x_t.shape
-    assert channels in (1, 2), f"channels must be 1 or 2, got {channels}"
+    rg, ring, tp = ring_setup(groups, channels, "allgather_ring")
     assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
-    assert nl.num_programs() == 1, f"allgather_ring runs one program per rank (LNC 1), got {nl.num_programs()}"
-    _check_groups(groups)
-    rg = ncc.ReplicaGroup([list(g) for g in groups])
-    ring = _my_ring(groups, ncc.rank_id())
-    tp = len(ring)
     g_out = nl.ndarray((k, tp * ms), dtype=x_t.dtype, buffer=nl.shared_hbm, name="gathered")
     halves = split_rows(ms, channels)
     chans = list(range(channels))

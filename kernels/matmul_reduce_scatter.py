@@ -25,25 +25,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
-from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, MatmulPipeline, RowBlock, choose_tiling, split_rows,
-                                   tile_spans, unit_pieces)
-
-
-def _my_ring(groups: Sequence[Sequence[int]], me: int) -> list[int]:
-    for g in groups:
-        if me in g:
-            return list(g)
-    raise AssertionError(f"rank {me} is in no rank-list of replica groups {[list(g) for g in groups]}")
+from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, MatmulPipeline, RowBlock, choose_tiling, matmul_operands,
+                                   ring_setup, split_rows, tile_spans, unit_pieces)
 
 
 def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: str):
-    sizes = {len(g) for g in groups}
-    assert len(sizes) == 1, f"replica groups must have equal sizes, got {[len(g) for g in groups]}"
-    assert channels in (1, 2), f"channels must be 1 or 2, got {channels}"
-    assert nl.num_programs() == 1, f"{what} runs one program per rank (LNC 1), got {nl.num_programs()}"
-    rg = ncc.ReplicaGroup([list(g) for g in groups])
-    ring = _my_ring(groups, ncc.rank_id())
-    tp = len(ring)
+    rg, ring, tp = ring_setup(groups, channels, what)
     assert m % tp == 0, f"M={m} rows must split evenly over the {tp} ranks of the ring"
     ms = m // tp
     assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
@@ -102,12 +89,7 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4):
     Preconditions: x_t, w 2-D with equal K_shard and dtype; M divisible by tp; M_shard >=
     channels; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1.
     """
-    assert len(x_t.shape) == 2 and len(w.shape) == 2, (
-        f"x_t and w must be 2-D, got x_t {tuple(x_t.shape)}, w {tuple(w.shape)}")
-    k, m = x_t.shape
-    kw, n = w.shape
-    assert k == kw, f"contraction mismatch: x_t is [{k}, {m}] but w is [{kw}, {n}]"
-    assert x_t.dtype == w.dtype, f"x_t dtype {x_t.dtype} != w dtype {w.dtype}"
+    k, m, n = matmul_operands(x_t, w)
     rg, ring, tp, ms = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
     z = nl.ndarray((ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
     halves = split_rows(ms, channels)

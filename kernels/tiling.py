@@ -19,6 +19,8 @@ Buffers are allocated once per pipeline and reused, so the simulator's dependenc
 tracking sees the write-after-read hazards that real buffer rotation has. The x and w
 blocks of a group are loaded once per group: x is re-read once per column group and w
 once per row group (`MatmulTiling.traffic_bytes`).
+
+`matmul_operands` and `ring_setup` are the precondition checks the kernels share.
 """
 
 from __future__ import annotations
@@ -27,13 +29,39 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trnopt.kernels.nki_api import nisa, nki, nl
+from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 
 PMAX = 128  # partitions (nl.tile_size.pmax)
 STATIONARY_FMAX = 128  # nc_matmul stationary free size (nl.tile_size.gemm_stationary_fmax)
 MOVING_FMAX = 512  # nc_matmul moving free size (nl.tile_size.gemm_moving_fmax)
 PSUM_BANKS = 8  # nl.tile_size.psum_num_banks, 2 KiB (512 FP32) per partition each
 SBUF_BYTES_PER_PARTITION = 224 * 1024  # Trn2 (DESIGN section 7)
+
+
+def matmul_operands(x_t, w) -> tuple[int, int, int]:
+    """``(K, M, N)`` of ``x_t`` [K, M] and ``w`` [K, N], asserting both 2-D with equal K and dtype."""
+    assert len(x_t.shape) == 2 and len(w.shape) == 2, (
+        f"x_t and w must be 2-D, got x_t {tuple(x_t.shape)}, w {tuple(w.shape)}")
+    k, m = x_t.shape
+    kw, n = w.shape
+    assert k == kw, f"contraction mismatch: x_t is [{k}, {m}] but w is [{kw}, {n}]"
+    assert x_t.dtype == w.dtype, f"x_t dtype {x_t.dtype} != w dtype {w.dtype}"
+    return k, m, n
+
+
+def ring_setup(groups: Sequence[Sequence[int]], channels: int, what: str):
+    """``(replica group, this rank's rank-list, its size)`` for a ring kernel ``what``, asserting
+    rank-lists of equal size, channels in (1, 2) and one program per rank (LNC 1)."""
+    sizes = {len(g) for g in groups}
+    assert len(sizes) == 1, f"replica groups must have equal sizes, got {[len(g) for g in groups]}"
+    assert channels in (1, 2), f"channels must be 1 or 2, got {channels}"
+    assert nl.num_programs() == 1, f"{what} runs one program per rank (LNC 1), got {nl.num_programs()}"
+    rg = ncc.ReplicaGroup([list(g) for g in groups])
+    me = ncc.rank_id()
+    for g in groups:
+        if me in g:
+            return rg, list(g), len(g)
+    raise AssertionError(f"rank {me} is in no rank-list of replica groups {[list(g) for g in groups]}")
 
 
 def tile_spans(total: int, size: int) -> list[tuple[int, int]]:
@@ -329,12 +357,7 @@ def matmul(x_t, w):
     Returns:
         Y: [M, N] in w's dtype, shared HBM, via one `MatmulPipeline` over all M rows.
     """
-    assert len(x_t.shape) == 2 and len(w.shape) == 2, (
-        f"x_t and w must be 2-D, got {tuple(x_t.shape)} and {tuple(w.shape)}")
-    k, m = x_t.shape
-    kw, n = w.shape
-    assert k == kw, f"contraction mismatch: x_t is [{k}, {m}] but w is [{kw}, {n}]"
-    assert x_t.dtype == w.dtype, f"x_t dtype {x_t.dtype} != w dtype {w.dtype}"
+    k, m, n = matmul_operands(x_t, w)
     y = nl.ndarray((m, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
     tiling = choose_tiling(m, k, n, x_t.dtype.itemsize, w.dtype.itemsize)
     MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="mm")([RowBlock(x_t, y)], w)

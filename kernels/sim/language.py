@@ -172,109 +172,47 @@ def _cast(r: np.ndarray, dtype: Any) -> np.ndarray:
     return r if dtype is None else r.astype(dtype)
 
 
-def add(x, y, dtype=None):
-    a, b = _np("add", x, y)
-    return _cast(np.add(a, b), dtype)
+def _binary(name: str, fn: Any) -> Any:
+    """``nl.<name>(x, y, dtype=None)``: ``fn`` on NumPy operands, cast to ``dtype``."""
+    def op(x, y, dtype=None):
+        a, b = _np(name, x, y)
+        return _cast(fn(a, b), dtype)
+    op.__name__ = op.__qualname__ = name
+    return op
 
 
-def subtract(x, y, dtype=None):
-    a, b = _np("subtract", x, y)
-    return _cast(np.subtract(a, b), dtype)
+def _unary(name: str, fn: Any) -> Any:
+    """``nl.<name>(x, dtype=None)``: ``fn`` on a NumPy operand, cast to ``dtype``."""
+    def op(x, dtype=None):
+        (a,) = _np(name, x)
+        return _cast(fn(a), dtype)
+    op.__name__ = op.__qualname__ = name
+    return op
 
 
-def multiply(x, y, dtype=None):
-    a, b = _np("multiply", x, y)
-    return _cast(np.multiply(a, b), dtype)
+add = _binary("add", np.add)
+subtract = _binary("subtract", np.subtract)
+multiply = _binary("multiply", np.multiply)
+divide = _binary("divide", np.divide)
+maximum = _binary("maximum", np.maximum)
+minimum = _binary("minimum", np.minimum)
+power = _binary("power", np.power)
 
-
-def divide(x, y, dtype=None):
-    a, b = _np("divide", x, y)
-    return _cast(np.divide(a, b), dtype)
-
-
-def maximum(x, y, dtype=None):
-    a, b = _np("maximum", x, y)
-    return _cast(np.maximum(a, b), dtype)
-
-
-def minimum(x, y, dtype=None):
-    a, b = _np("minimum", x, y)
-    return _cast(np.minimum(a, b), dtype)
-
-
-def power(x, y, dtype=None):
-    a, b = _np("power", x, y)
-    return _cast(np.power(a, b), dtype)
-
-
-def copy(x, dtype=None):
-    (a,) = _np("copy", x)
-    return _cast(np.array(a), dtype)
-
-
-def exp(x, dtype=None):
-    (a,) = _np("exp", x)
-    return _cast(np.exp(a), dtype)
-
-
-def log(x, dtype=None):
-    (a,) = _np("log", x)
-    return _cast(np.log(a), dtype)
-
-
-def sqrt(x, dtype=None):
-    (a,) = _np("sqrt", x)
-    return _cast(np.sqrt(a), dtype)
-
-
-def rsqrt(x, dtype=None):
-    (a,) = _np("rsqrt", x)
-    return _cast(1.0 / np.sqrt(a), dtype)
-
-
-def reciprocal(x, dtype=None):
-    (a,) = _np("reciprocal", x)
-    return _cast(1.0 / a, dtype)
-
-
-def abs(x, dtype=None):  # noqa: A001 - the reference name
-    (a,) = _np("abs", x)
-    return _cast(np.abs(a), dtype)
-
-
-def negative(x, dtype=None):
-    (a,) = _np("negative", x)
-    return _cast(np.negative(a), dtype)
-
-
-def square(x, dtype=None):
-    (a,) = _np("square", x)
-    return _cast(np.square(a), dtype)
-
-
-def tanh(x, dtype=None):
-    (a,) = _np("tanh", x)
-    return _cast(np.tanh(a), dtype)
-
-
-def sigmoid(x, dtype=None):
-    (a,) = _np("sigmoid", x)
-    return _cast(1.0 / (1.0 + np.exp(-a)), dtype)
-
-
-def relu(x, dtype=None):
-    (a,) = _np("relu", x)
-    return _cast(np.maximum(a, 0), dtype)
-
-
-def silu(x, dtype=None):
-    (a,) = _np("silu", x)
-    return _cast(a / (1.0 + np.exp(-a)), dtype)
-
-
-def gelu_apprx_tanh(x, dtype=None):
-    (a,) = _np("gelu_apprx_tanh", x)
-    return _cast(0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a ** 3))), dtype)
+copy = _unary("copy", np.array)
+exp = _unary("exp", np.exp)
+log = _unary("log", np.log)
+sqrt = _unary("sqrt", np.sqrt)
+rsqrt = _unary("rsqrt", lambda a: 1.0 / np.sqrt(a))
+reciprocal = _unary("reciprocal", lambda a: 1.0 / a)
+abs = _unary("abs", np.abs)  # noqa: A001 - the reference name
+negative = _unary("negative", np.negative)
+square = _unary("square", np.square)
+tanh = _unary("tanh", np.tanh)
+sigmoid = _unary("sigmoid", lambda a: 1.0 / (1.0 + np.exp(-a)))
+relu = _unary("relu", lambda a: np.maximum(a, 0))
+silu = _unary("silu", lambda a: a / (1.0 + np.exp(-a)))
+gelu_apprx_tanh = _unary("gelu_apprx_tanh",
+                         lambda a: 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a ** 3))))
 
 
 _REDUCE_OPS = (add, minimum, maximum)

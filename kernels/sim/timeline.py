@@ -47,6 +47,19 @@ class Instruction:
     end_s: float
 
 
+def _latest_overlapping_end(box, entries, t: float) -> float:
+    """The latest of ``t`` and the ends of the ``(box, end)`` entries whose box overlaps
+    ``box`` (the box test is inlined: this is the simulator's innermost loop)."""
+    for ebox, end in entries:
+        if end > t:
+            for (alo, ahi), (blo, bhi) in zip(box, ebox):
+                if alo >= bhi or blo >= ahi:
+                    break
+            else:
+                t = end
+    return t
+
+
 class _Accesses:
     """Access history of one allocation: pending writes (box, end) and reads {box: end}."""
 
@@ -79,41 +92,20 @@ class CoreTimeline:
 
     # --- dependencies -----------------------------------------------------------------------
     def ready(self, reads: list[NkiTensor], writes: list[NkiTensor]) -> float:
-        """Earliest start allowed by data dependencies on earlier instructions (the box
-        overlap test is inlined: this is the simulator's innermost loop)."""
+        """Earliest start allowed by data dependencies on earlier instructions: a read waits
+        for the writes it overlaps, a write for the writes and the reads it overlaps."""
         t = 0.0
         access = self._access
         for v in reads:
             acc = access.get(v.alloc.id)
-            if acc is None or not acc.writes:
-                continue
-            box = v.box()
-            for ebox, end in acc.writes:
-                if end > t:
-                    for (alo, ahi), (blo, bhi) in zip(box, ebox):
-                        if alo >= bhi or blo >= ahi:
-                            break
-                    else:
-                        t = end
+            if acc is not None and acc.writes:
+                t = _latest_overlapping_end(v.box(), acc.writes, t)
         for v in writes:
             acc = access.get(v.alloc.id)
-            if acc is None:
-                continue
-            box = v.box()
-            for ebox, end in acc.writes:
-                if end > t:
-                    for (alo, ahi), (blo, bhi) in zip(box, ebox):
-                        if alo >= bhi or blo >= ahi:
-                            break
-                    else:
-                        t = end
-            for ebox, end in acc.reads.items():
-                if end > t:
-                    for (alo, ahi), (blo, bhi) in zip(box, ebox):
-                        if alo >= bhi or blo >= ahi:
-                            break
-                    else:
-                        t = end
+            if acc is not None:
+                box = v.box()
+                t = _latest_overlapping_end(box, acc.writes, t)
+                t = _latest_overlapping_end(box, acc.reads.items(), t)
         return t
 
     def record(self, reads: list[NkiTensor], writes: list[NkiTensor], read_end: float, write_end: float) -> None:
