@@ -41,18 +41,6 @@ def ring_allreduce_time(size: float, n: int, bandwidth: float, latency: float = 
     return 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * latency
 
 
-def ring_allgather_time(size: float, n: int, bandwidth: float, latency: float = 0.0) -> float:
-    """(n-1)/n * S / B + (n-1) * alpha, S the gathered size; reduce-scatter is the same with S the input."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) / n * size / bandwidth + (n - 1) * latency
-
-
-def p2p_time(size: float, bandwidth: float, latency: float = 0.0) -> float:
-    """S / B + alpha."""
-    return size / bandwidth + latency
-
-
 @dataclass(frozen=True)
 class Level:
     """One step of a hierarchical collective: n members, per-rank bandwidth, hop latency."""

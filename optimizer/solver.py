@@ -14,9 +14,10 @@ with their product; CP-SAT's propagation over the products does the pruning. A l
 linearisation would make the objective linear but only approximately (it needs exp), and
 then CP-SAT's optimum could differ from brute force's; integer products keep it exact.
 
-Times are integers in ticks of 1e-9 of the best compute time, so that rounding a table
-entry moves the objective by at most a few parts per billion; the answer is re-scored
-by the float cost model (evaluate.py) and a disagreement beyond that rounding raises.
+Times are integers in ticks of 2^-24 of the best compute time. Every term carries a bound
+on what rounding its table entries to whole ticks can have moved it (Term.error,
+evaluated at the solution); the answer is re-scored by the float cost model (evaluate.py)
+and a disagreement beyond that bound raises.
 Memory is in bytes. Placement factors are tied to the axis sizes exactly through their
 prime exponents (linear constraints).
 """
@@ -116,7 +117,6 @@ class LayoutModel:
         self.model = cp_model.CpModel()
         self.memory_objective = memory_objective
         self._count = 0
-        self.named: dict[str, Term] = {}
         w, t = self.problem.workload, self.problem.target
         best_compute = min(compute_time(w, t, tp, "none", space.ranks, space.lnc) for tp in space.degrees["tp"])
         self.tick = best_compute / TICKS_PER_COMPUTE
@@ -136,7 +136,6 @@ class LayoutModel:
     def var(self, lo: int, hi: int, name: str, cap: int = CAP, error=_exact) -> Term:
         hi = min(hi, cap)
         term = Term(self.model.new_int_var(min(lo, hi), hi, self._name(name)), min(lo, hi), hi, error)
-        self.named[name] = term  # the latest variable of each name, for debugging
         return term
 
     def materialise(self, a: Term, name: str) -> Term:
