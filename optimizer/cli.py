@@ -123,7 +123,7 @@ def cmd_evaluate(args) -> int:
     problems = layout.workload_problems(workload)
     if problems:
         raise InputError("layout", "degrees", problems[0])
-    e = evaluate(workload, layout, target, args.headroom)
+    e = evaluate(workload, layout, target, args.headroom, measured_overlap())
     if args.json != "-":
         print("\n".join(evaluation_lines(e, target) + [""] + rank_map_lines(e, target)))
     if args.json:

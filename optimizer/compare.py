@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.evaluate import DEFAULT_HEADROOM, Evaluation
 from trnopt.optimizer.layoutfile import layout_dict
+from trnopt.optimizer.overlapdata import measured
 from trnopt.optimizer.search import SearchResult, domain_flag, fewest_domains, solve
 from trnopt.optimizer.solver import DEFAULT_WORKERS, SolverMismatch
 from trnopt.optimizer.space import OBJECTIVES, Problem
@@ -94,7 +95,7 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
     """Solve the workload on every target (same time limit, seed, workers); one Row per target."""
     rows = []
     for ref, target in targets:
-        problem = Problem(workload, target, domains or 1, headroom, objective)
+        problem = Problem(workload, target, domains or 1, headroom, objective, hidden=measured())
         row = Row(ref, target, domains, "given" if domains else "fewest")
         if domains is None:
             found = fewest_domains(problem, workers=workers, seed=seed)
