@@ -208,7 +208,7 @@ def env_script(workload: Workload, target: Target, layout: Layout) -> str:
     ]
     if ipd > 1:
         lines += [f"# NODE_RANK = {ipd} * domain + instance: the {ipd} instances of one {target.name} domain take",
-                  f"# consecutive node ranks, in their order in the domain"
+                  "# consecutive node ranks, in their order in the domain"
                   + (" (ring position)" if any(a.kind == "ring" for a in target.domain_axes) else "")
                   + ", and every domain is one whole UltraServer."]
     else:

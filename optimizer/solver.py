@@ -27,30 +27,24 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
 from trnopt.optimizer import collectives as cc
 from trnopt.optimizer.evaluate import Evaluation, checkpoint_bytes, evaluate, objective_value
+from trnopt.optimizer.intmodel import CAP, IntModel, Term, const
 from trnopt.optimizer.layout import DIMS, RECOMPUTE, Layout, default_placement
 from trnopt.optimizer.memory import activation_bytes_per_layer
 from trnopt.optimizer.overlapdata import tp_hidden
 from trnopt.optimizer.reliability import reliability
-from trnopt.optimizer.space import INTERLEAVES, Problem, Space, divisors, prime_exponents
+from trnopt.optimizer.space import INTERLEAVES, Space, divisors, prime_exponents
 from trnopt.optimizer.steptime import (BACKWARD_SHARE, compute_time, ep_alltoalls_per_layer,
                                        tp_collectives_per_layer)
 
 TICKS_PER_COMPUTE = 2**24  # ticks in the best compute time
 GOODPUT_SCALE = 2**24  # 1/goodput in units of 2^-24: 6e-8 relative
 OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (doubles)
-# Magnitudes. CP-SAT propagates products and bounds in int64 and bounds the objective
-# with doubles; with values near 2^52 it was seen to prove a wrong optimum (a test found
-# it). So every time and memory variable stops at 2^44: a time past 2^44 ticks (a million
-# times the best compute) or a memory past 2^44 bytes (16 TiB per chip) is far from any
-# optimum and any HBM. Every product pairs such a variable with a multiplier below 2^17.
-CAP = 2**44
 # CP-SAT workers: four beat two on these 2-core machines (benchmarks/solver_scaling.py: the
 # portfolio's bound-proving workers matter more than the cores); interleaved search keeps
 # the answer deterministic for a fixed seed and worker count.
@@ -61,34 +55,6 @@ class SolverMismatch(AssertionError):
     """The CP-SAT objective and the cost model's score of the same layout disagree: a bug."""
 
 
-Value = Callable[[object], float]  # the solver's value of an expression in a solution
-
-
-def _exact(value: Value) -> float:
-    return 0.0
-
-
-@dataclass(frozen=True)
-class Term:
-    """An integer expression with known bounds, and ``error``: given the solution's values, a
-    bound on how far it is from the exact real value because table entries were rounded."""
-
-    expr: object
-    lo: int
-    hi: int
-    error: Callable[[Value], float] = _exact
-
-    @property
-    def constant(self) -> bool:
-        return self.lo == self.hi
-
-
-def _fixed(err: float) -> Callable[[Value], float]:
-    return (lambda value: err) if err else _exact
-
-
-def const(v: int, err: float = 0.0) -> Term:
-    return Term(int(v), int(v), int(v), _fixed(err))
 
 
 @dataclass
@@ -103,7 +69,7 @@ class LnCResult:
     rounding: float = 0.0  # seconds: how far the integer objective may be from the cost model's
 
 
-class LayoutModel:
+class LayoutModel(IntModel):
     """The CP-SAT model of one Space (one LNC, one domain count)."""
 
     def __init__(self, space: Space, memory_objective: bool = False, step_bound: float | None = None,
@@ -114,9 +80,8 @@ class LayoutModel:
         self.scoring = scoring
         self.step_bound = step_bound
         self.coarse_bits = 0
-        self.model = cp_model.CpModel()
+        super().__init__()
         self.memory_objective = memory_objective
-        self._count = 0
         w, t = self.problem.workload, self.problem.target
         best_compute = min(compute_time(w, t, tp, "none", space.ranks, space.lnc) for tp in space.degrees["tp"])
         self.tick = best_compute / TICKS_PER_COMPUTE
@@ -126,95 +91,8 @@ class LayoutModel:
         self._hint()
 
     # -- helpers ------------------------------------------------------------------------
-    def _name(self, base: str) -> str:
-        self._count += 1
-        return f"{base}_{self._count}"
-
     def ticks(self, seconds: float) -> int:
         return int(round(seconds / self.tick))
-
-    def var(self, lo: int, hi: int, name: str, cap: int = CAP, error=_exact) -> Term:
-        hi = min(hi, cap)
-        term = Term(self.model.new_int_var(min(lo, hi), hi, self._name(name)), min(lo, hi), hi, error)
-        return term
-
-    def materialise(self, a: Term, name: str) -> Term:
-        if isinstance(a.expr, (int, cp_model.IntVar)):
-            return a
-        v = self.var(a.lo, a.hi, name, error=a.error)
-        self.model.add(v.expr == a.expr)
-        return v
-
-    def table(self, index: Term, values: list[int], name: str, err: float = 0.0) -> Term:
-        """values[index]; ``err`` 0.5 for entries rounded to whole ticks, 0 for exact integers.
-        Entries saturate at CAP: every table feeds a sum or product that only grows with it."""
-        values = [min(v, CAP) for v in values]
-        if len(set(values)) == 1:
-            return const(values[0], err)
-        v = self.var(min(values), max(values), name, error=_fixed(err))
-        self.model.add_element(self.materialise(index, name + "_index").expr, values, v.expr)
-        return v
-
-    def mul(self, a: Term, b: Term, name: str, cap: int = CAP) -> Term:
-        ea, eb = a.error, b.error
-
-        def error(value: Value) -> float:
-            da, db = ea(value), eb(value)
-            return da * value(b.expr) + db * value(a.expr) + da * db
-
-        if a.constant and b.constant:
-            return Term(a.lo * b.lo, a.lo * b.lo, a.lo * b.lo, error)
-        if a.constant or b.constant:
-            k, x = (a.lo, b) if a.constant else (b.lo, a)
-            return Term(k * x.expr, k * x.lo, k * x.hi, error) if k else const(0)
-        v = self.var(a.lo * b.lo, a.hi * b.hi, name, cap, error)
-        self.model.add_multiplication_equality(v.expr, [self.materialise(a, name + "_a").expr,
-                                                        self.materialise(b, name + "_b").expr])
-        return v
-
-    def div(self, a: Term, b: Term, name: str) -> Term:
-        if b.constant and b.lo == 1:
-            return a
-        ea = a.error
-
-        def error(value: Value) -> float:
-            return ea(value) / max(value(b.expr), 1) + 1  # the division truncates
-
-        if a.constant and b.constant:
-            return Term(a.lo // b.lo, a.lo // b.lo, a.lo // b.lo, error)
-        v = self.var(a.lo // max(b.hi, 1), a.hi // max(b.lo, 1), name, error=error)
-        self.model.add_division_equality(v.expr, self.materialise(a, name + "_n").expr,
-                                         self.materialise(b, name + "_d").expr)
-        return v
-
-    def add(self, *terms: Term) -> Term:
-        errors = [t.error for t in terms if t.error is not _exact]
-        return Term(sum(t.expr for t in terms), sum(t.lo for t in terms), sum(t.hi for t in terms),
-                    (lambda value: sum(e(value) for e in errors)) if errors else _exact)
-
-    def maximum(self, a: Term, b: Term, name: str) -> Term:
-        ea, eb = a.error, b.error
-        v = self.var(max(a.lo, b.lo), max(a.hi, b.hi), name, error=lambda value: max(ea(value), eb(value)))
-        self.model.add_max_equality(v.expr, [a.expr, b.expr])
-        return v
-
-    def one_hot(self, values: tuple, name: str) -> list:
-        bools = [self.model.new_bool_var(f"{name}={v}") for v in values]
-        self.model.add_exactly_one(bools)
-        return bools
-
-    def value(self, bools: list, values: tuple) -> Term:
-        if len(values) == 1:
-            return const(values[0])
-        return Term(sum(v * b for v, b in zip(values, bools)), min(values), max(values))
-
-    def index(self, bools: list) -> Term:
-        if len(bools) == 1:
-            return const(0)
-        return Term(sum(i * b for i, b in enumerate(bools)), 0, len(bools) - 1)
-
-    def pair_index(self, first: list, second: list) -> Term:
-        return self.add(self.mul(self.index(first), const(len(second)), "pair"), self.index(second))
 
     # -- variables ----------------------------------------------------------------------
     def _variables(self):
@@ -258,14 +136,6 @@ class LayoutModel:
         if len(self.zero_values) == 1:
             return True
         return self.zero[self.zero_values.index(stage)]
-
-    def select(self, literal, var: Term, if_true, if_false) -> None:
-        """var == if_true when the literal holds, else if_false (the literal may be a constant)."""
-        if literal is True or literal is False:
-            self.model.add(var.expr == (if_true if literal else if_false))
-            return
-        self.model.add(var.expr == if_true).only_enforce_if(literal)
-        self.model.add(var.expr == if_false).only_enforce_if(literal.Not())
 
     def degree(self, dim: str) -> Term:
         return self.value(self.deg[dim], self.degree_values[dim]) if dim in self.active else const(1)
@@ -390,12 +260,10 @@ class LayoutModel:
         act = self.mul(act, in_flight, "act_inflight")
         if len(self.interleaves) > 1:
             # (1 + (p-1)/(p v)) = (p v + p - 1) / (p v) when v = 2, else 1
-            v2 = self.inter[1]
             num = self.table(self.pair_index(pp_b, self.inter),
                              [(3 * p - 1) if v == 2 else 1 for p in pp_v for v in self.interleaves], "il_num")
             den = self.table(self.pair_index(pp_b, self.inter),
                              [(2 * p) if v == 2 else 1 for p in pp_v for v in self.interleaves], "il_den")
-            del v2
             act = self.div(self.mul(act, num, "act_il"), den, "act_il_div")
         reserve = int(round(self.problem.target.runtime_reserve_bytes))
         return self.add(self.mul(const(c), self.add(state, act), "per_chip"), const(reserve))
