@@ -14,8 +14,8 @@ import time
 
 from common import environment
 
-from trnopt.optimizer.calibration import fit, table5_rows
-from trnopt.optimizer.target import GIB, load_target
+from trnopt.optimizer.cost.calibration import fit, table5_rows
+from trnopt.optimizer.model.target import GIB, load_target
 
 
 def main() -> None:

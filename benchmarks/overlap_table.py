@@ -1,6 +1,6 @@
-"""Regenerate kernels/overlap_table.json: hidden fraction per (kernel, TP degree, link class).
+"""Regenerate targets/measured/overlap.json: hidden fraction per (kernel, TP degree, link class).
 
-    python benchmarks/overlap_table.py --out kernels/overlap_table.json --force
+    python benchmarks/overlap_table.py --out targets/measured/overlap.json --force
 
 For each row, a representative layout places the TP group as the solver does (cores of a
 chip first, then the fastest axes), or on the axis the row names (a TP group on the
@@ -34,8 +34,8 @@ import numpy as np
 from trnopt.kernels.overlap import measure_overlap
 from trnopt.kernels.sim import run_ranks
 from trnopt.kernels.plan import group_plan, local_ring, overlap_variants
-from trnopt.optimizer.layout import DIMS, Layout
-from trnopt.optimizer.target import load_target
+from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.target import load_target
 
 VERSION = 1
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "version": VERSION,
         "command": "python benchmarks/overlap_table.py" + (f" --m {args.m}" if args.m != SEQ else "")
                    + (f" --max-tp {args.max_tp}" if args.max_tp < 1 << 20 else "")
-                   + " --out kernels/overlap_table.json --force",
+                   + " --out targets/measured/overlap.json --force",
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "simulator": {"package": "trnopt.kernels.sim", "commit": sim_commit,
                       "dirty": dirty,  # uncommitted changes in kernels/sim or the kernels when generated

@@ -19,12 +19,12 @@ import time
 
 from common import environment
 
-from trnopt.optimizer.bruteforce import brute_force
+from trnopt.optimizer.search.bruteforce import brute_force
 from trnopt.optimizer.errors import InfeasibleError
-from trnopt.optimizer.search import solve
-from trnopt.optimizer.space import Problem, Space
-from trnopt.optimizer.target import load_target
-from trnopt.optimizer.workload import Training, Workload, load_model
+from trnopt.optimizer.search.driver import solve
+from trnopt.optimizer.search.space import Problem, Space
+from trnopt.optimizer.model.target import load_target
+from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 CASES = [
     ("llama3-70b", "trn2u", 1),

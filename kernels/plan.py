@@ -2,7 +2,7 @@
 
 From a Layout and its Target (DESIGN section 7):
 - the replica groups of every TP group (and EP group) from the rank-to-chip map
-  (`trnopt.optimizer.placement`), each rank-list in ring order along physical neighbours;
+  (`trnopt.optimizer.model.placement`), each rank-list in ring order along physical neighbours;
 - a check of every hop of every ring (one link: two cores of one chip, or two chips one
   link apart on one torus/ring axis, or any two chips on a switch or the scale-out
   network) and the link class the ring runs on (`optimizer.collectives.link_class` of
@@ -45,12 +45,12 @@ from dataclasses import asdict, dataclass, field
 
 from trnopt.kernels.sim import LinkModel
 from trnopt.kernels.tiling import MOVING_FMAX, PMAX, choose_tiling
-from trnopt.optimizer import collectives as cc
-from trnopt.optimizer.layout import DIMS, Layout
-from trnopt.optimizer.placement import groups as dim_groups
-from trnopt.optimizer.placement import rank_map
-from trnopt.optimizer.target import Target
-from trnopt.optimizer.workload import Workload
+from trnopt.optimizer.cost import collectives as cc
+from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.placement import groups as dim_groups
+from trnopt.optimizer.model.placement import rank_map
+from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.workload import Workload
 
 ITEMSIZE = 2  # BF16 activations and weights
 PIECES = 4  # ring-step slabs (the kernels' default ``pieces``)

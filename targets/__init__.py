@@ -1,1 +1,2 @@
-"""Target descriptions shipped with trnopt, one TOML file per machine."""
+"""Data shipped with trnopt: machines/*.toml (targets), models/*.toml (model presets) and
+measured/ (tables measured by trnopt's own benchmarks, with their provenance)."""

@@ -7,10 +7,10 @@ import math
 import pytest
 
 from trnopt.kernels.plan import grid_cycle, kernel_plan, local_ring, snake
-from trnopt.optimizer import collectives as cc
-from trnopt.optimizer.layout import DIMS, Layout
-from trnopt.optimizer.target import load_target
-from trnopt.optimizer.workload import Training, Workload, load_model
+from trnopt.optimizer.cost import collectives as cc
+from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.target import load_target
+from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 WORKLOAD = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=1024))
 
@@ -120,7 +120,7 @@ def test_ep_groups_partition_and_plan_the_expert_kernel():
 
 def test_odd_line_without_wrap_is_flagged():
     # 3 chips on part of a 6-chip ring axis: no one-hop cycle exists; the check says so
-    from trnopt.optimizer.target import Axis
+    from trnopt.optimizer.model.target import Axis
     axes = (Axis("core", 1, "core", 1e12, 0.0), Axis("x", 6, "torus", 100e9, 1e-6), Axis("efa", 1, "scale_out", 1e9, 0))
     rows = tuple({"tp": (1, 3, 1), "dp": (1, 2, 1)}.get(d, (1, 1, 1)) for d in DIMS)
     layout = Layout(tp=3, pp=1, dp=2, axes=axes, placement=rows, lnc=1)

@@ -1,0 +1,278 @@
+"""`trnopt kernels`: the kernel plan of a solved layout, checked in the simulator.
+
+    trnopt kernels --layout layout.json [--shape full|scaled] [--json FILE|-]
+
+1. Reads the layout (the JSON `trnopt solve --json` writes) and prints its KernelPlan
+   (kernels/plan.py): replica groups in ring order, the hop check, link class, channels,
+   chunk sizes and tiles.
+2. Runs every planned kernel, and the collective-alone ring it is timed against, on all
+   ranks of one TP group (one EP group for the expert kernel) at a scaled shape, with data,
+   in the plan's ring order and channels, and compares each rank's result with the NumPy
+   reference (BF16: 2e-2 relative to the tensor's scale, the tests' rule).
+3. Prints the overlap table (T_mm, T_cc, T_f, hidden fraction, speedup) from the
+   simulator's timeline. ``--shape full`` (default): at the layout's full shape, measured
+   now when the simulator has its symmetric fast mode (run_ranks(symmetric=True): one
+   representative rank), else read from the measured table targets/measured/overlap.json
+   (and said so). ``--shape scaled``: at the scaled shape of step 2.
+   Beside each row: the fraction the cost model uses (optimizer/overlapdata.py).
+
+Exit codes: 0 all results match; 1 a result is wrong or the plan fails its checks;
+2 bad input (a malformed layout file: one line naming the file, the key and the rule).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring, overlap_variants
+from trnopt.optimizer.model.layoutfile import read_layout
+from trnopt.optimizer.cost.overlap import measured
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+RTOL = 2e-2  # BF16 (tests/kernels/conftest.py TOLERANCE)
+SCALED = {"ms": 64, "k": 256, "n": 128}  # rows per rank, contraction, narrow side of W
+
+
+@dataclass
+class Check:
+    kernel: str
+    group: str
+    shape: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+def register(sub) -> None:
+    p = sub.add_parser("kernels", help="plan the overlap kernels of a solved layout and check them in the simulator",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--layout", required=True, help="layout JSON as `trnopt solve --json` writes it")
+    p.add_argument("--shape", choices=("full", "scaled"), default="full",
+                   help="shape of the overlap table: full (default) or the scaled shape of the numerics check")
+    p.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout only)")
+    p.add_argument("--force", action="store_true", help="allow --json to replace an existing file")
+    p.set_defaults(run=run)
+
+
+# -- numerics at the scaled shape ---------------------------------------------------------------
+def close(actual, expected, rtol: float = RTOL) -> tuple[bool, str]:
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        return False, f"shape {a.shape} != expected {e.shape}"
+    if not np.all(np.isfinite(a)):
+        return False, f"{int(np.count_nonzero(~np.isfinite(a)))} non-finite values"
+    scale = float(np.max(np.abs(e))) if e.size else 0.0
+    err = np.abs(a - e)
+    bad = err > rtol * (np.abs(e) + scale)
+    rel = float(err.max() / scale) if scale else float(err.max(initial=0.0))
+    if np.any(bad):
+        return False, f"{int(bad.sum())} of {bad.size} elements off (max |err|/scale {rel:.2e})"
+    return True, f"max |err|/scale {rel:.1e}"
+
+
+def scaled_shape(kernel: str, tp: int) -> tuple[int, int, int]:
+    m = SCALED["ms"] * tp
+    if kernel == "allgather_matmul":
+        return m, SCALED["k"], SCALED["n"]
+    return m, SCALED["n"], SCALED["k"]
+
+
+def check_tp(group: GroupPlan, kernel: str) -> list[Check]:
+    from trnopt.kernels.allgather_matmul import allgather_matmul_reference, allgather_reference
+    from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter_reference, reduce_scatter_reference
+    from trnopt.kernels.sim import run_ranks
+
+    ring = local_ring(group.replica_groups[0])
+    tp = len(ring)
+    pos = {r: i for i, r in enumerate(ring)}
+    m, k, n = scaled_shape(kernel, tp)
+    mm, cc_, fused, (x, w) = overlap_variants(kernel, ring, m, k, n, BF16, group.channels, numerics=True, seed=7)
+    label = f"{group.dim.upper()}{tp} ring {list(group.replica_groups[0][:8])}{'...' if tp > 8 else ''}"
+    out = []
+    for variant, name in ((fused, kernel), (cc_, cc_.kernel.__name__)):
+        t0 = time.perf_counter()
+        try:
+            res = run_ranks(variant.kernel, variant.args_per_rank, link=group.link, numerics=True, timeout_s=120,
+                            kwargs=dict(variant.kwargs))
+        except Exception as exc:  # noqa: BLE001 - a kernel that fails is a wrong result, reported
+            out.append(Check(name, label, f"M {m} K {k} N {n}", False, f"{type(exc).__name__}: {exc}",
+                             time.perf_counter() - t0))
+            continue
+        if name == "allgather_matmul":
+            expect = {p: allgather_matmul_reference(x, w[p]) for p in range(tp)}
+        elif name == "allgather_ring":
+            g = allgather_reference(x)
+            expect = {p: g for p in range(tp)}
+        elif name == "matmul_reduce_scatter":
+            expect = dict(enumerate(matmul_reduce_scatter_reference(x, w)))
+        else:
+            partials = [variant.args_per_rank[ring[p]][0] for p in range(tp)]
+            expect = dict(enumerate(reduce_scatter_reference(partials)))
+        verdicts = [close(res.outputs[i], expect[pos[i]]) for i in range(tp)]
+        bad = [(i, d) for i, (ok, d) in enumerate(verdicts) if not ok]
+        detail = (f"rank {bad[0][0]}: {bad[0][1]}" if bad else
+                  max((d for _, d in verdicts), key=lambda d: float(d.rsplit(" ", 1)[-1])))
+        out.append(Check(name, label, f"M {m} K {k} N {n}", not bad, detail, time.perf_counter() - t0))
+    return out
+
+
+def check_ep(group: GroupPlan) -> list[Check]:
+    from trnopt.kernels.alltoall_expert_matmul import alltoall_expert_matmul, alltoall_expert_matmul_reference
+    from trnopt.kernels.overlap import operand
+    from trnopt.kernels.sim import run_ranks
+
+    ring = local_ring(group.replica_groups[0])
+    ep = len(ring)
+    pos = {r: i for i, r in enumerate(ring)}
+    s_n, el, h, c, f = 2, 1, 128, 32, 128
+    x = [operand((s_n, ep, el, h, c), BF16, True, seed=300 + p) for p in range(ep)]
+    w = [operand((el, h, f), BF16, True, seed=400 + p) for p in range(ep)]
+    t0 = time.perf_counter()
+    label = f"EP{ep} group {list(group.replica_groups[0][:8])}{'...' if ep > 8 else ''}"
+    shape = f"S {s_n} E_local {el} H {h} C {c} F {f}"
+    try:
+        res = run_ranks(alltoall_expert_matmul, [(x[pos[i]], w[pos[i]]) for i in range(ep)], link=group.link,
+                        numerics=True, timeout_s=120, kwargs={"groups": (ring,)})
+    except Exception as exc:  # noqa: BLE001
+        return [Check("alltoall_expert_matmul", label, shape, False, f"{type(exc).__name__}: {exc}",
+                      time.perf_counter() - t0)]
+    ref = alltoall_expert_matmul_reference(x, w)
+    verdicts = [close(res.outputs[i], ref[pos[i]]) for i in range(ep)]
+    bad = [(i, d) for i, (ok, d) in enumerate(verdicts) if not ok]
+    return [Check("alltoall_expert_matmul", label, shape, not bad,
+                  f"rank {bad[0][0]}: {bad[0][1]}" if bad else verdicts[0][1], time.perf_counter() - t0)]
+
+
+# -- overlap table --------------------------------------------------------------------------------
+def symmetric_mode() -> bool:
+    from trnopt.kernels.sim import run_ranks
+    return "symmetric" in inspect.signature(run_ranks).parameters
+
+
+def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int, symmetric: bool) -> dict:
+    """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only."""
+    from trnopt.kernels.overlap import collective_span, hidden_fraction, speedup
+    from trnopt.kernels.sim import run_ranks
+
+    ring = local_ring(group.replica_groups[0])
+    variants = overlap_variants(kernel, ring, m, k, n, BF16, group.channels, numerics=False)[:3]
+    extra = {"symmetric": True} if symmetric else {}
+    times = [run_ranks(v.kernel, v.args_per_rank, link=group.link, numerics=False, timeout_s=600,
+                       kwargs=dict(v.kwargs), **extra).timeline for v in variants]
+    a, b, c = times[0].total_s, collective_span(times[1]), times[2].total_s
+    return {"t_mm": a, "t_cc": b, "t_f": c, "hidden_fraction": hidden_fraction(a, b, c), "speedup": speedup(a, b, c)}
+
+
+def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
+    """The overlap table's rows and a line saying where they came from."""
+    tp = plan.tp
+    table = measured()
+    kernels = [k for k in plan.kernels if k.kernel in ("allgather_matmul", "matmul_reduce_scatter")]
+    rows = []
+    if not kernels:
+        return rows, "no TP kernels in this plan (TP = 1)"
+    if shape == "scaled":
+        how = "timeline at the scaled shape, measured now (numerics=False)"
+    elif symmetric_mode():
+        how = ("timeline at the full shape, measured now with the simulator's symmetric fast mode "
+               "(numerics=False, one representative rank)")
+    else:
+        how = (f"the simulator has no symmetric fast mode: full-shape rows read from the measured table "
+               f"{table.source} (regenerate: {table.doc.get('command', '?')})")
+    for ku in kernels:
+        used = table.fraction(ku.kernel, tp.size, tp.link_class)
+        row = {"kernel": ku.kernel, "tp": tp.size, "link_class": tp.link_class, "channels": tp.channels,
+               "cost_model_fraction": used, "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class)}
+        if shape == "scaled":
+            m, k, n = scaled_shape(ku.kernel, tp.size)
+            row.update(shape={"m": m, "k": k, "n": n}, **measure(tp, ku.kernel, m, k, n, symmetric_mode()),
+                       source="measured now")
+        elif symmetric_mode():
+            try:
+                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n},
+                           **measure(tp, ku.kernel, ku.m, ku.k, ku.n, True), source="measured now (symmetric)")
+            except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
+                row.update(_table_row(table, ku.kernel, tp), source=f"table (symmetric run failed: {exc})")
+        else:
+            row.update(_table_row(table, ku.kernel, tp), source="table")
+        rows.append(row)
+    return rows, how
+
+
+def _table_row(table, kernel: str, tp: GroupPlan) -> dict:
+    r = table.row(kernel, tp.size, tp.link_class)
+    if r is None:
+        return {"shape": None, "t_mm": None, "t_cc": None, "t_f": None, "hidden_fraction": None, "speedup": None}
+    return {k: r.get(k) for k in ("shape", "t_mm", "t_cc", "t_f", "hidden_fraction", "speedup")}
+
+
+def table_lines(rows: list[dict], how: str) -> list[str]:
+    out = [f"overlap: {how}",
+           f"  {'kernel':<23}{'TP':>4} {'link':<9}{'ch':>3}  {'shape M x K x N':<22}{'T_mm us':>11}{'T_cc us':>10}"
+           f"{'T_f us':>11}{'hidden':>10}{'speedup':>9}  cost model uses"]
+    for r in rows:
+        s = r.get("shape")
+        shape = f"{s['m']} x {s['k']} x {s['n']}" if s else "-"
+        if r.get("t_mm") is None:
+            nums = f"{'not measured at this TP degree and link class':>51}"
+        else:
+            nums = (f"{r['t_mm'] * 1e6:>11.2f}{r['t_cc'] * 1e6:>10.2f}{r['t_f'] * 1e6:>11.2f}"
+                    f"{r['hidden_fraction']:>10.3f}{r['speedup']:>9.3f}")
+        out.append(f"  {r['kernel']:<23}{r['tp']:>4} {r['link_class']:<9}{r['channels']:>3}  {shape:<22}{nums}  "
+                   f"{r['cost_model_fraction']:.3f} ({r['cost_model_source']})")
+    return out
+
+
+# -- command ----------------------------------------------------------------------------------------
+def run(args) -> int:
+    from pathlib import Path
+
+    from trnopt.optimizer.commands.cli import write_output
+    from trnopt.optimizer.errors import InputError
+
+    if args.json not in (None, "-") and Path(args.json).exists() and not args.force:
+        raise InputError(args.json, "--json", "file exists; trnopt never overwrites a file (pass --force to replace it)")
+    target, workload, layout = read_layout(args.layout)
+    plan = kernel_plan(workload, layout, target)
+    quiet = args.json == "-"
+    say = (lambda *a: None) if quiet else print
+    say("\n".join(plan.lines()))
+    problems = plan.problems()
+    for p in problems:
+        say(f"check FAILED: {p}")
+    checks: list[Check] = []
+    if plan.tp.size > 1:
+        for kernel in ("allgather_matmul", "matmul_reduce_scatter"):
+            checks += check_tp(plan.tp, kernel)
+    if plan.ep is not None and any(k.kernel == "alltoall_expert_matmul" for k in plan.kernels):
+        checks += check_ep(plan.ep)
+    say("")
+    say(f"simulator, scaled shape, data (BF16, rtol {RTOL:g} of the tensor's scale), all ranks of one group:")
+    for c in checks:
+        say(f"  {c.kernel:<23} {c.group:<28} {c.shape:<22} {'OK   ' if c.ok else 'WRONG'} {c.detail} "
+            f"({c.seconds:.1f} s)")
+    if not checks:
+        say("  nothing to run: no TP or EP group")
+    rows, how = overlap_rows(plan, args.shape)
+    say("")
+    say("\n".join(table_lines(rows, how)))
+    wrong = [c for c in checks if not c.ok]
+    say("")
+    say(f"result: {len(checks) - len(wrong)} of {len(checks)} kernel runs match their references"
+        + (f"; {len(problems)} plan check(s) failed" if problems else "; plan checks pass"))
+    if args.json:
+        doc = {"layout_file": args.layout, "plan": plan.as_dict(),
+               "checks": [c.__dict__ for c in checks], "overlap": {"source": how, "rows": rows},
+               "ok": not wrong and not problems}
+        write_output(args.json, doc, args.force)
+    if wrong or problems:
+        print(f"trnopt kernels: {len(wrong)} wrong result(s), {len(problems)} plan problem(s)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""One module per CLI command, the argument helpers and the report writers."""

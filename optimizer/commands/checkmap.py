@@ -1,0 +1,320 @@
+"""`trnopt check-map`: read the rank-to-device map a job printed at start-up and check it against the plan.
+
+The rank map file
+-----------------
+One row per rank, as CSV with a header or as JSON:
+
+- ``rank``: the global rank (0 .. world size - 1, each once);
+- ``instance``: the instance the rank runs on, any id string (EC2 instance id, hostname);
+- ``chip``: the Neuron device index within the instance (0 .. chips per instance - 1);
+- ``core``: the logical NeuronCore within the chip (0 .. logical cores per chip - 1);
+- ``ultraserver`` (optional): an id of the UltraServer (scale-up domain) the instance
+  belongs to, e.g. from the scheduler's topology labels; without it the UltraServer
+  membership is not checked;
+- ``lnc`` (optional): the job's NEURON_LOGICAL_NC_CONFIG, as a column or, in JSON, as a
+  top-level key; without it the LNC is judged from the core indices.
+
+CSV::
+
+    rank,instance,chip,core,ultraserver,lnc
+    0,i-0a1,0,0,us-1,2
+    1,i-0a1,0,1,us-1,2
+
+JSON: a list of objects with the same keys, or ``{"lnc": 2, "ranks": [{...}, ...]}``.
+
+A job can print its row at start-up from RANK, the hostname and its logical core v on the
+instance (torch-neuronx gives local rank i core i unless NEURON_RT_VISIBLE_CORES says
+otherwise): chip = v // (physical cores / LNC), core = v % (physical cores / LNC).
+
+What is checked
+---------------
+The failure modes of the seed documents, each reported on its own line (exit 1 on any):
+
+- ``lnc``: the job's LNC differs from the plan's (runtime NEURON_LOGICAL_NC_CONFIG and the
+  compiler's --logical-nc-config must both be the planned value);
+- ``tp-across-ring``: a TP group spans more instances (or UltraServers) than planned, so
+  its all-reduce crosses the UltraServer ring (or EFA) instead of the torus;
+- ``tp-off-plan``: a TP group's ranks are not on the chips the plan gave them;
+- ``partial-ultraserver`` / ``outside-instance``: an UltraServer has only some of its
+  instances in the job, or a domain has an instance from another UltraServer;
+- ``world-size``: the job has a different number of ranks than the plan (the other checks
+  are then skipped).
+
+Instances are matched to the plan's (domain, instance) slots by the ranks they hold: an
+instance is the slot that most of its ranks were planned on. A malformed file is an
+InputError naming the file, the row and the key (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layoutfile import read_layout
+from trnopt.optimizer.model.placement import _ranges, groups, rank_map, tp_summary
+from trnopt.optimizer.model.target import Target
+
+COLUMNS = ("rank", "instance", "chip", "core")
+OPTIONAL = ("ultraserver", "lnc")
+SHOW = 5  # findings of one kind printed in full; the rest are counted
+
+
+@dataclass(frozen=True)
+class Device:
+    rank: int
+    instance: str
+    chip: int
+    core: int
+    ultraserver: str | None
+
+
+@dataclass
+class RankMapFile:
+    path: str
+    devices: list[Device]     # sorted by rank
+    lnc: set[int]             # LNC values recorded (empty: not recorded)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    message: str
+
+
+# -- reading ------------------------------------------------------------------------------------
+def _int(path: str, where: str, key: str, value, minimum: int = 0) -> int:
+    """An integer from JSON (int) or CSV (digits), at least ``minimum``."""
+    name = f"{where}.{key}" if where else key
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(path, name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise InputError(path, name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _rows_from_text(path: str, text: str) -> tuple[list[tuple[str, dict]], object]:
+    """(where, row) pairs and the top-level lnc (or None)."""
+    stripped = text.lstrip()
+    if path.lower().endswith(".json") or stripped.startswith(("[", "{")):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, "-", f"not valid JSON ({exc})") from None
+        top_lnc = None
+        if isinstance(data, dict):
+            unknown = set(data) - {"lnc", "ranks"}
+            if unknown:
+                raise InputError(path, sorted(unknown)[0], "unknown key; a rank map object has 'ranks' and 'lnc'")
+            if "ranks" not in data:
+                raise InputError(path, "ranks", "missing: the list of {rank, instance, chip, core} objects")
+            top_lnc, data = data.get("lnc"), data["ranks"]
+        if not isinstance(data, list):
+            raise InputError(path, "ranks", "must be a list of objects")
+        rows = []
+        for i, row in enumerate(data):
+            if not isinstance(row, dict):
+                raise InputError(path, f"[{i}]", "must be an object with rank, instance, chip, core")
+            rows.append((f"[{i}]", row))
+        return rows, top_lnc
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames:
+        raise InputError(path, "header", f"empty file; expected a CSV header {','.join(COLUMNS)}")
+    header = [h.strip() for h in reader.fieldnames]
+    reader.fieldnames = header
+    return [(f"line {n + 2}", row) for n, row in enumerate(reader)], None
+
+
+def read_rank_map(path: str) -> RankMapFile:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(path, "-", "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, "-", f"cannot read ({exc})") from None
+    rows, top_lnc = _rows_from_text(path, text)
+    if not rows:
+        raise InputError(path, "ranks", "no rows")
+    lnc: set[int] = set()
+    if top_lnc is not None:
+        lnc.add(_int(path, "", "lnc", top_lnc, 1))
+    devices, seen_rank, seen_core = [], {}, {}
+    for where, row in rows:
+        unknown = [k for k in row if k not in COLUMNS + OPTIONAL]
+        if unknown:
+            raise InputError(path, f"{where}.{unknown[0]}", f"unknown key; the keys are {', '.join(COLUMNS + OPTIONAL)}")
+        for key in COLUMNS:
+            if row.get(key) in (None, ""):
+                raise InputError(path, f"{where}.{key}", "missing required key")
+        rank = _int(path, where, "rank", row["rank"])
+        instance = str(row["instance"]).strip()
+        if not instance:
+            raise InputError(path, f"{where}.instance", "must be a non-empty id")
+        us = row.get("ultraserver")
+        us = str(us).strip() if us not in (None, "") else None
+        dev = Device(rank, instance, _int(path, where, "chip", row["chip"]), _int(path, where, "core", row["core"]), us)
+        if row.get("lnc") not in (None, ""):
+            lnc.add(_int(path, where, "lnc", row["lnc"], 1))
+        if rank in seen_rank:
+            raise InputError(path, f"{where}.rank", f"rank {rank} appears twice (also {seen_rank[rank]})")
+        place = (dev.instance, dev.chip, dev.core)
+        if place in seen_core:
+            raise InputError(path, f"{where}.core", f"instance {dev.instance} chip {dev.chip} core {dev.core} already "
+                             f"holds rank {seen_core[place]}")
+        seen_rank[rank], seen_core[place] = where, rank
+        devices.append(dev)
+    devices.sort(key=lambda d: d.rank)
+    missing = sorted(set(range(len(devices))) - set(seen_rank))
+    if missing:
+        raise InputError(path, "rank", f"ranks must be 0..{len(devices) - 1}, each once; missing {_ranges(missing)}")
+    by_instance: dict[str, set[str | None]] = {}
+    for d in devices:
+        by_instance.setdefault(d.instance, set()).add(d.ultraserver)
+    for inst, uss in by_instance.items():
+        if len(uss) > 1:
+            raise InputError(path, "ultraserver", f"instance {inst} is given several UltraServers: "
+                             f"{', '.join(sorted(str(u) for u in uss))}")
+    return RankMapFile(path, devices, lnc)
+
+
+# -- checking -----------------------------------------------------------------------------------
+def crossing_name(target: Target) -> str:
+    if any(a.kind == "ring" for a in target.domain_axes):
+        return "the UltraServer ring"
+    return "the links between instances" if target.instances_per_domain > 1 else "EFA"
+
+
+def check(layout: Layout, target: Target, job: RankMapFile) -> list[Finding]:
+    """Every failure mode the job's map shows against the plan (empty when it matches)."""
+    found: list[Finding] = []
+    devs = job.devices
+    if len(devs) != layout.ranks:
+        return [Finding("world-size", f"the job has {len(devs)} ranks, the plan {layout.ranks} "
+                        f"({layout.domains} x {target.name} at LNC={layout.lnc}); nothing else can be compared")]
+    per_chip = layout.ranks_per_chip
+    # LNC: recorded values, else the core indices and ranks per chip
+    other = sorted(v for v in job.lnc if v != layout.lnc)
+    if other:
+        found.append(Finding("lnc", f"the job ran at LNC={','.join(map(str, other))}, the plan at LNC={layout.lnc}: set "
+                             f"NEURON_LOGICAL_NC_CONFIG={layout.lnc} and compile with --logical-nc-config={layout.lnc}"))
+    else:
+        top = max(d.core for d in devs)
+        crowded = Counter((d.instance, d.chip) for d in devs).most_common(1)[0]
+        if top >= per_chip or crowded[1] > per_chip:
+            found.append(Finding("lnc", f"chip {crowded[0][1]} of {crowded[0][0]} runs {crowded[1]} ranks (core "
+                                 f"indices up to {top}) but LNC={layout.lnc} gives {per_chip} logical cores per chip: "
+                                 f"the job ran at a smaller LNC; set NEURON_LOGICAL_NC_CONFIG={layout.lnc} and "
+                                 f"--logical-nc-config={layout.lnc}"))
+    planned = rank_map(layout, target)
+    # match each job instance to the plan's (domain, instance) slot most of its ranks were planned on
+    votes: dict[str, Counter] = {}
+    for d in devs:
+        p = planned[d.rank]
+        votes.setdefault(d.instance, Counter())[(p.domain, p.instance)] += 1
+    slot_of = {inst: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for inst, c in votes.items()}
+    # TP groups off their planned chips, and TP groups across more instances than planned
+    summary = tp_summary(layout, planned)
+    off, across = [], []
+    for g, grp in enumerate(groups(layout, planned, "tp")):
+        ranks = [p.rank for p in grp]
+        moved = [(p, devs[p.rank]) for p in grp
+                 if slot_of[devs[p.rank].instance] != (p.domain, p.instance) or devs[p.rank].chip != p.chip]
+        if moved:
+            p, d = moved[0]
+            off.append(f"TP group {g} (ranks {_ranges(ranks)}): {len(moved)} of {len(grp)} ranks off their planned "
+                       f"chips, e.g. rank {p.rank} planned on domain {p.domain} instance {p.instance} chip {p.chip}, "
+                       f"runs on {d.instance} chip {d.chip}")
+        insts = sorted({devs[r].instance for r in ranks})
+        uss = {devs[r].ultraserver for r in ranks} - {None}
+        if len(insts) > summary.instances_per_group or len(uss) > summary.domains_per_group:
+            over = "EFA between UltraServers" if len(uss) > summary.domains_per_group else crossing_name(target)
+            across.append(f"TP group {g} (ranks {_ranges(ranks)}) spans {len(insts)} instances "
+                          f"({', '.join(insts[:4])}{', ...' if len(insts) > 4 else ''}), planned "
+                          f"{summary.instances_per_group}: its collectives cross {over}")
+    found += _capped("tp-across-ring", across, "TP groups")
+    found += _capped("tp-off-plan", off, "TP groups")
+    found += _ultraserver_findings(layout, target, devs, slot_of)
+    return found
+
+
+def _capped(kind: str, messages: list[str], what: str) -> list[Finding]:
+    out = [Finding(kind, m) for m in messages[:SHOW]]
+    if len(messages) > SHOW:
+        out.append(Finding(kind, f"... and {len(messages) - SHOW} more {what}"))
+    return out
+
+
+def _ultraserver_findings(layout: Layout, target: Target, devs: list[Device],
+                          slot_of: dict[str, tuple[int, int]]) -> list[Finding]:
+    us_of = {d.instance: d.ultraserver for d in devs}
+    if target.instances_per_domain == 1 or all(u is None for u in us_of.values()):
+        return []
+    found = []
+    missing = sorted(i for i, u in us_of.items() if u is None)
+    if missing:
+        found.append(Finding("outside-instance", f"instance(s) {', '.join(missing[:4])} name no UltraServer while "
+                             "the others do"))
+    members: dict[str, list[str]] = {}
+    for inst, u in us_of.items():
+        if u is not None:
+            members.setdefault(u, []).append(inst)
+    for u, insts in sorted(members.items()):
+        if len(insts) < target.instances_per_domain:
+            found.append(Finding("partial-ultraserver", f"UltraServer {u} is scheduled partially: {len(insts)} of its "
+                                 f"{target.instances_per_domain} instances are in the job ({', '.join(sorted(insts))})"))
+        elif len(insts) > target.instances_per_domain:
+            found.append(Finding("partial-ultraserver", f"UltraServer {u} has {len(insts)} instances in the map; "
+                                 f"a {target.name} domain has {target.instances_per_domain}"))
+    for domain in range(layout.domains):
+        insts = sorted(i for i, s in slot_of.items() if s[0] == domain)
+        counts = Counter(us_of[i] for i in insts if us_of[i] is not None)
+        if not counts:
+            continue
+        home = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        for inst in insts:
+            if us_of[inst] is not None and us_of[inst] != home:
+                found.append(Finding("outside-instance", f"domain {domain} has instance {inst} from UltraServer "
+                                     f"{us_of[inst]} while its other instances are in UltraServer {home}: "
+                                     f"its traffic on {crossing_name(target)} goes over EFA"))
+    return found
+
+
+def report_lines(layout: Layout, target: Target, job: RankMapFile, findings: list[Finding]) -> list[str]:
+    instances = len({d.instance for d in job.devices})
+    head = (f"check-map: {job.path}: {len(job.devices)} ranks on {instances} instance(s) against the plan "
+            f"{layout.describe()} on {layout.domains} x {target.name}")
+    if not findings:
+        notes = [] if any(d.ultraserver for d in job.devices) or target.instances_per_domain == 1 else \
+            ["  note: no ultraserver column; UltraServer membership not checked"]
+        return [head, "OK: LNC as planned, every TP group on its planned chips and instances", *notes]
+    return [head, f"{len(findings)} finding(s):", *(f"  [{f.kind}] {f.message}" for f in findings)]
+
+
+# -- command ----------------------------------------------------------------------------------
+def register(sub) -> None:
+    p = sub.add_parser("check-map", help="check the rank-to-device map a job printed against the plan",
+                       description="Read a job's rank -> (instance, chip, logical core) map (CSV with header "
+                                   "rank,instance,chip,core[,ultraserver][,lnc], or JSON) and report TP groups "
+                                   "across the ring or off their planned chips, an LNC other than the plan's, "
+                                   "and UltraServers scheduled partially or with an outside instance. "
+                                   "Exit 1 on any finding.")
+    p.add_argument("--layout", required=True, help="the JSON that `trnopt solve --json` writes")
+    p.add_argument("--rank-map", required=True, help="the job's rank map (CSV or JSON)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    target, _, layout = read_layout(args.layout)
+    job = read_rank_map(args.rank_map)
+    findings = check(layout, target, job)
+    print("\n".join(report_lines(layout, target, job, findings)))
+    return 1 if findings else 0

@@ -1,0 +1,255 @@
+"""`trnopt compare`: the best layout of one model on several targets, side by side.
+
+Moving a job from Trn2 to Trn3 should change the TP, EP and PP degrees in a configuration,
+not the job. This command answers "what would those degrees be, and what would they buy"
+by running the same search (``search.solve``, same time limit, seed and workers) on every
+target and putting the results in one table. Every number is taken from the Evaluation
+that the one cost model returns for the chosen layout; the relative changes are ratios of
+those numbers to the same numbers of the baseline row (the first target that has a layout).
+
+Domain counts: targets have domains of different sizes (a Trn2 UltraServer has 64 chips, a
+Trn3 Gen2 UltraServer 144), so
+
+- with ``--ultraservers N`` every target gets N domains (N instances for single-instance
+  targets such as trn2);
+- without it every target gets the fewest of its domains on which the model fits with the
+  headroom (``search.fewest_domains``), and the row says so.
+
+A target on which no layout fits, or on which the search finds none within the time limit,
+gets a row that says why (the explanation of ``InfeasibleError``) instead of stopping the
+command; the command exits 0 when at least one target has a layout and 3 when none has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+
+from trnopt.optimizer.errors import InfeasibleError, InputError
+from trnopt.optimizer.cost.evaluate import DEFAULT_HEADROOM, Evaluation
+from trnopt.optimizer.model.layoutfile import layout_dict
+from trnopt.optimizer.cost.overlap import measured
+from trnopt.optimizer.search.driver import SearchResult, domain_flag, fewest_domains, solve
+from trnopt.optimizer.search.cpsat import DEFAULT_WORKERS, SolverMismatch
+from trnopt.optimizer.search.space import OBJECTIVES, Problem
+from trnopt.optimizer.model.target import GIB, Target, load_target
+from trnopt.optimizer.model.workload import DEFAULT_MODEL, Training, Workload, load_model
+
+DEFAULT_TARGETS = "trn2u,trn3-gen1,trn3-gen2"
+
+# (JSON key, Evaluation -> value, higher is better) for the metrics every row carries
+METRICS = (
+    ("step_time_s", lambda e: e.step.total, False),
+    ("tokens_per_s", lambda e: e.tokens_per_s, True),
+    ("tokens_per_s_per_chip", lambda e: e.tokens_per_s / e.layout.chips, True),
+    ("mfu", lambda e: e.mfu, True),
+    ("memory_headroom_gib", lambda e: (e.usable_bytes - e.memory.total) / GIB, True),
+    ("job_mtbf_h", lambda e: e.reliability.job_mtbf_s / 3600, True),
+    ("checkpoint_interval_min", lambda e: e.reliability.interval_s / 60, True),
+    ("goodput", lambda e: e.reliability.goodput, True),
+    ("goodput_tokens_per_s", lambda e: e.goodput_tokens_per_s, True),
+)
+
+
+@dataclass
+class Row:
+    """One target's answer: a search result, or the reason there is none."""
+
+    target_ref: str
+    target: Target
+    domains: int | None
+    domains_chosen: str            # "given" (--ultraservers) or "fewest" (search.fewest_domains)
+    result: SearchResult | None = None
+    status: str = "solved"         # solved, infeasible, error
+    reason: str = ""
+
+    @property
+    def evaluation(self) -> Evaluation | None:
+        return self.result.best if self.result else None
+
+    @property
+    def note(self) -> str:
+        if self.domains is None:
+            return ""
+        if self.domains_chosen == "given":
+            return f"{self.domains} domain(s) as given"
+        return f"fewest {self.target.name} domains that fit ({domain_flag(self.target, self.domains)})"
+
+
+def metrics(e: Evaluation) -> dict[str, float]:
+    return {key: get(e) for key, get, _ in METRICS}
+
+
+def relative(e: Evaluation, base: Evaluation) -> dict[str, float]:
+    """Each metric of ``e`` over the baseline's, minus one (0.25 = 25% more)."""
+    out = {}
+    for key, get, _ in METRICS:
+        b = get(base)
+        out[key] = get(e) / b - 1 if b else 0.0
+    return out
+
+
+def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int | None, headroom: float,
+            objective: str, time_limit: float, workers: int, seed: int, top: int = 0) -> list[Row]:
+    """Solve the workload on every target (same time limit, seed, workers); one Row per target."""
+    rows = []
+    for ref, target in targets:
+        problem = Problem(workload, target, domains or 1, headroom, objective, hidden=measured())
+        row = Row(ref, target, domains, "given" if domains else "fewest")
+        if domains is None:
+            found = fewest_domains(problem, workers=workers, seed=seed)
+            if found is None:
+                row.status, row.reason = "infeasible", (f"{workload.model.name} fits on no count of {target.name} "
+                                                        f"domains up to 64 with {headroom:.0%} headroom")
+                rows.append(row)
+                continue
+            row.domains = found
+            problem = replace(problem, domains=found)
+        try:
+            row.result = solve(problem, time_limit, workers, seed, top)
+        except InfeasibleError as exc:
+            row.status, row.reason = "infeasible", str(exc)
+        except SolverMismatch as exc:  # a cost-model / CP-SAT disagreement is a bug: say so, keep the other rows
+            row.status, row.reason = "error", f"internal error (please report): {exc}"
+        rows.append(row)
+    return rows
+
+
+def baseline(rows: list[Row]) -> Row | None:
+    return next((r for r in rows if r.evaluation is not None), None)
+
+
+def compare_dict(rows: list[Row], workload: Workload, settings: dict) -> dict:
+    base = baseline(rows)
+    out_rows = []
+    for r in rows:
+        d: dict = {"target": r.target_ref, "status": r.status, "domains": r.domains,
+                   "domains_chosen": r.domains_chosen}
+        if r.evaluation is not None:
+            e = r.evaluation
+            d.update({"chips": e.layout.chips, "ranks": e.layout.ranks, "solver_status": r.result.status,
+                      "gap": r.result.gap, "layout": layout_dict(e.layout), "layout_text": e.layout.describe(),
+                      "placement_text": e.layout.placement_text(), **metrics(e),
+                      "relative_to_baseline": relative(e, base.evaluation)})
+        else:
+            d["reason"] = r.reason
+        out_rows.append(d)
+    return {"model": workload.model.name, "seq": workload.training.seq,
+            "global_batch": workload.training.global_batch, **settings,
+            "baseline": base.target_ref if base else None, "rows": out_rows}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def compare_text(rows: list[Row], workload: Workload, settings: dict) -> str:
+    base = baseline(rows)
+    head = (f"trnopt compare: {workload.model.name}, seq {workload.training.seq}, global batch "
+            f"{workload.training.global_batch}, objective {settings['objective']}, "
+            f"{settings['time_limit_s']:g} s search per target, seed {settings['seed']}")
+    cols = ("target", "domains", "chips", "step s", "tokens/s", "tok/s/chip", "MFU", "free GiB", "MTBF h",
+            "ckpt min", "goodput", "d step", "d tokens/s", "d goodput tok/s")
+    table = [cols]
+    for r in rows:
+        e = r.evaluation
+        mark = "" if r.domains_chosen == "given" or r.domains is None else "*"
+        if e is None:
+            table.append((r.target_ref, f"{r.domains or '-'}{mark}", "-", r.status.upper(),
+                          *["-"] * (len(cols) - 4)))
+            continue
+        m, rel = metrics(e), relative(e, base.evaluation)
+        is_base = r is base
+        table.append((r.target_ref, f"{r.domains}{mark}", str(e.layout.chips), f"{m['step_time_s']:.3f}",
+                      f"{m['tokens_per_s']:,.0f}", f"{m['tokens_per_s_per_chip']:,.1f}", f"{100 * m['mfu']:.1f}%",
+                      f"{m['memory_headroom_gib']:.1f}", f"{m['job_mtbf_h']:.1f}",
+                      f"{m['checkpoint_interval_min']:.1f}", f"{100 * m['goodput']:.1f}%",
+                      "base" if is_base else _pct(rel["step_time_s"]),
+                      "base" if is_base else _pct(rel["tokens_per_s"]),
+                      "base" if is_base else _pct(rel["goodput_tokens_per_s"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    lines = [head, ""]
+    for row in table:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    lines += ["", "layouts:"]
+    for r in rows:
+        if r.evaluation is None:
+            lines.append(f"  {r.target_ref}: {r.status}: {r.reason}")
+            continue
+        e, res = r.evaluation, r.result
+        status = "OPTIMAL" if res.status == "OPTIMAL" else f"FEASIBLE, gap {100 * res.gap:.2f}% (time limit)"
+        lines.append(f"  {r.target_ref}: {e.layout.describe()} [{e.layout.placement_text() or 'one rank'}]; "
+                     f"{status}; {r.note}")
+    lines.append("")
+    if any(r.domains_chosen == "fewest" for r in rows):
+        lines.append("* no --ultraservers given: each target gets the fewest of its domains on which the model "
+                     f"fits with {settings['headroom']:.0%} headroom")
+    if base is not None:
+        lines.append(f"d = relative change against {base.target_ref} (first target with a layout); "
+                     "'d step' below 0 is faster")
+    return "\n".join(lines)
+
+
+# -- command ----------------------------------------------------------------------------------
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="best layout of one model on several targets, side by side",
+                       description="Solve one model on several targets with the same search settings and "
+                                   "compare step time, throughput, memory and reliability.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name or a .toml file (default {DEFAULT_MODEL})")
+    p.add_argument("--targets", default=DEFAULT_TARGETS,
+                   help=f"comma-separated built-in names or .toml files (default {DEFAULT_TARGETS})")
+    p.add_argument("--ultraservers", type=int,
+                   help="domains of every target (default: the fewest that fit, per target)")
+    p.add_argument("--seq", type=int, default=8192, help="sequence length (default 8192)")
+    p.add_argument("--global-batch", type=int, default=1024, help="sequences per step (default 1024)")
+    p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM, help="HBM share kept free (default 0.10)")
+    p.add_argument("--objective", default="step-time", help="step-time (default) or goodput")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds of search per target (default 60)")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"CP-SAT workers (default {DEFAULT_WORKERS})")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    p.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout only)")
+    p.add_argument("--force", action="store_true", help="allow --json to replace an existing file")
+    p.set_defaults(run=run)
+
+
+def parse_targets(text: str) -> list[tuple[str, Target]]:
+    refs = [t.strip() for t in text.split(",") if t.strip()]
+    if not refs:
+        raise InputError("--targets", "targets", "name at least one target")
+    if len(set(refs)) != len(refs):
+        raise InputError("--targets", "targets", f"a target is named twice: {text}")
+    return [(ref, load_target(ref)) for ref in refs]
+
+
+def run(args: argparse.Namespace) -> int:
+    from trnopt.optimizer.commands.cli import write_output
+
+    targets = parse_targets(args.targets)
+    if args.ultraservers is not None and args.ultraservers < 1:
+        raise InputError("--ultraservers", "ultraservers", f"must be >= 1, got {args.ultraservers}")
+    if not 0 <= args.headroom < 1:
+        raise InputError("--headroom", "headroom", f"must be in [0, 1), got {args.headroom}")
+    if args.objective not in OBJECTIVES:
+        raise InputError("--objective", "objective", f"must be one of {', '.join(OBJECTIVES)}")
+    if args.time_limit <= 0:
+        raise InputError("--time-limit", "time-limit", f"must be > 0, got {args.time_limit:g}")
+    workload = Workload(load_model(args.model), Training(seq=args.seq, global_batch=args.global_batch))
+    rows = compare(workload, targets, args.ultraservers, args.headroom, args.objective, args.time_limit,
+                   args.workers, args.seed)
+    settings = {"objective": args.objective, "time_limit_s": args.time_limit, "seed": args.seed,
+                "workers": args.workers, "headroom": args.headroom}
+    if args.json == "-":
+        write_output("-", compare_dict(rows, workload, settings))
+    else:
+        print(compare_text(rows, workload, settings))
+        if args.json:
+            write_output(args.json, compare_dict(rows, workload, settings), args.force)
+    for r in rows:
+        if r.status == "error":
+            print(f"trnopt: warning: {r.target_ref}: {r.reason}", file=sys.stderr)
+        elif r.result is not None and r.result.status != "OPTIMAL":
+            print(f"trnopt: warning: {r.target_ref}: time limit reached; best layout shown, gap "
+                  f"{100 * r.result.gap:.2f}%", file=sys.stderr)
+    return 0 if baseline(rows) is not None else 3
+

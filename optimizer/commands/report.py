@@ -1,0 +1,120 @@
+"""Text and JSON for what the CLI prints. Every number comes from an Evaluation (evaluate.py)."""
+
+from __future__ import annotations
+
+from trnopt.optimizer.cost.evaluate import Evaluation
+from trnopt.optimizer.model.layoutfile import layout_dict
+from trnopt.optimizer.model.placement import instance_table, rank_map, rank_map_rows, tp_summary
+from trnopt.optimizer.search.driver import SearchResult
+from trnopt.optimizer.model.target import GIB, Target
+
+STEP_TERMS = (("compute", "compute"), ("tp", "TP communication (exposed)"), ("cp", "CP communication"),
+              ("ep", "EP all-to-all"), ("pp_send", "pipeline sends"), ("pp_bubble", "pipeline bubble"),
+              ("dp", "DP gradients (exposed)"), ("zero3", "ZeRO-3 gathers (exposed)"),
+              ("optimizer", "optimizer step"))
+
+
+def lnc_lines(lnc: int) -> list[str]:
+    """The two settings that must agree (Neuron LNC docs)."""
+    return [f"LNC={lnc}: runtime NEURON_LOGICAL_NC_CONFIG={lnc}; compiler --logical-nc-config={lnc}"]
+
+
+def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
+    lay, mem, step = e.layout, e.memory, e.step
+    out = [f"layout: {lay.describe()}",
+           f"placement: {lay.placement_text() or 'all on one rank'}",
+           *lnc_lines(lay.lnc),
+           f"ranks: {lay.ranks} logical cores on {lay.chips} chips ({lay.ranks_per_chip} per chip), "
+           f"{lay.domains} domain(s) of {target.name}",
+           "",
+           f"memory per chip: {mem.total / GIB:.1f} GiB of {e.usable_bytes / GIB:.1f} usable "
+           f"({target.chip.hbm_bytes / GIB:.0f} GiB HBM) - {'fits' if e.fits else 'DOES NOT FIT'}, "
+           f"{(e.usable_bytes - mem.total) / GIB:.1f} GiB headroom left"]
+    for name, gib in mem.gib().items():
+        out.append(f"  {name.replace('_', ' '):22s} {gib:8.2f} GiB")
+    out += ["", f"step time: {step.total:.3f} s"]
+    for key, label in STEP_TERMS:
+        value = getattr(step, key)
+        if value:
+            out.append(f"  {label:28s} {value:9.4f} s  {100 * value / step.total:5.1f}%")
+    if step.tp_raw:
+        out.append(f"  TP communication raw {step.tp_raw:.4f} s, after overlap {step.tp:.4f} s "
+                   f"({100 * (1 - step.tp / step.tp_raw):.0f}% hidden by the overlap kernels)")
+    rel = e.reliability
+    out += ["", f"throughput: {e.tokens_per_s:,.0f} tokens/s, MFU {100 * e.mfu:.1f}%",
+            f"reliability: {rel.instances} instances, job MTBF {rel.job_mtbf_s / 3600:.1f} h, checkpoint "
+            f"{rel.checkpoint_s:.0f} s, Young's interval {rel.interval_s / 60:.1f} min, goodput {100 * rel.goodput:.1f}% "
+            f"({e.goodput_tokens_per_s:,.0f} tokens/s after failures and checkpoints)"]
+    return out
+
+
+def rank_map_lines(e: Evaluation, target: Target) -> list[str]:
+    places = rank_map(e.layout, target)
+    summary = tp_summary(e.layout, places)
+    return ["rank-to-chip map (rank order tp, cp, ep, dp, pp; tp fastest):",
+            *instance_table(e.layout, places), summary.check_line(e.layout)]
+
+
+def overlap_source_line(e: Evaluation, hidden) -> str:
+    """Where the TP term's hidden fraction came from (the measured table), or '' when none applies."""
+    from trnopt.optimizer.cost import collectives as cc
+    from trnopt.optimizer.cost.overlap import TP_KERNELS, OverlapTable, tp_hidden
+
+    span = e.layout.span("tp")
+    if not span or not e.step.tp_raw or not isinstance(hidden, OverlapTable):
+        return ""
+    cls = cc.link_class(span)
+    found = ", ".join(f"{k} {hidden.fraction(k, e.layout.tp, cls):.2f} ({hidden.source_of(k, e.layout.tp, cls)})"
+                      for k in TP_KERNELS)
+    return (f"    overlap at TP{e.layout.tp} on {cls} links: {tp_hidden(hidden, span):.2f} hidden, the mean of "
+            f"{found}, from {hidden.source} (simulator timelines)")
+
+
+def solve_text(result: SearchResult) -> str:
+    p, e = result.problem, result.best
+    status = "OPTIMAL" if result.status == "OPTIMAL" else f"FEASIBLE, gap {100 * result.gap:.2f}% (time limit)"
+    out = [f"trnopt solve: {p.workload.model.name} on {p.domains} x {p.target.name} "
+           f"({p.domains * p.target.chips_per_domain} chips), seq {p.workload.training.seq}, "
+           f"global batch {p.workload.training.global_batch}, objective {p.objective}"]
+    if result.domains_note:
+        out.append(result.domains_note)
+    out += [f"solver: {status} in {result.seconds:.2f} s over {result.space_size:,} points (CP-SAT)", ""]
+    out += evaluation_lines(e, p.target)
+    source = overlap_source_line(e, p.hidden)
+    if source:
+        at = next((i for i, line in enumerate(out) if line.startswith("  TP communication raw")), len(out) - 1)
+        out.insert(at + 1, source)
+    out += [""] + rank_map_lines(e, p.target)
+    if result.runners_up:
+        out += ["", "next best layouts (other degrees):"]
+        base = e.step.total
+        for r in result.runners_up:
+            out.append(f"  {r.layout.describe()} [{r.layout.placement_text()}]: {r.step.total:.3f} s/step, "
+                       f"slower by {100 * (r.step.total / base - 1):.1f}%")
+    if result.alternatives:
+        out += ["", "why the obvious alternatives lost:"]
+        for alt in result.alternatives:
+            out.append(f"  {alt.name}: {alt.verdict}")
+    return "\n".join(out)
+
+
+def evaluation_dict(e: Evaluation) -> dict:
+    return {"layout": layout_dict(e.layout), **e.as_dict()}
+
+
+def solve_dict(result: SearchResult, problem_info: dict) -> dict:
+    e = result.best
+    return {
+        "problem": problem_info,
+        "status": result.status,
+        "gap": result.gap,
+        "solve_seconds": result.seconds,
+        "space_size": result.space_size,
+        "layout": layout_dict(e.layout),
+        **e.as_dict(),
+        "lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc},
+        "rank_map": rank_map_rows(e.layout, result.problem.target),
+        "runners_up": [evaluation_dict(r) for r in result.runners_up],
+        "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}
+                         for a in result.alternatives],
+    }

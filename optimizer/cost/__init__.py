@@ -1,0 +1,1 @@
+"""The one cost model: compute, memory, collectives, step time, reliability, calibration."""

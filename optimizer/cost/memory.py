@@ -1,0 +1,130 @@
+"""Memory per chip: model state by ZeRO stage, activations, runtime reserve, headroom.
+
+Model state (Rajbhandari et al., "ZeRO", 2020, section 5): per parameter, BF16 weights
+(2 B), BF16 gradients (2 B), an FP32 master copy (4 B) and Adam's two FP32 moments (8 B).
+ZeRO-1 shards master + optimizer over data parallelism, ZeRO-2 the gradients too, ZeRO-3
+the weights too. Tensor and pipeline parallelism split every parameter; expert weights
+are split further over expert parallelism and their data-parallel group is dp // ep.
+
+Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2022, section 4): bytes per layer for s (sequence), b (micro-batch), h, a
+(heads), t (TP with sequence parallelism):
+    no recompute          s*b*h/t * (34 + 5*a*s/h)    (t = 1: no TP)
+    selective recompute   s*b*h/t * 34
+    full recompute        s*b*h/t * 2
+The 34 is 11 (attention) + 19 (a 4h MLP: 2 input + 16 for the two 4h tensors + 1 mask) +
+4 (norms); for other MLPs the 16 becomes (6 if gated else 4) * ffn / h, which gives 34
+back for the paper's models. Context parallelism divides s. On the first 1F1B stage
+min(m, p) micro-batches are in flight, each holding L/p layers; interleaving by v adds
+the factor (1 + (p-1)/(p*v)) (ibid., section 4.2.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.target import GIB, Target
+from trnopt.optimizer.model.workload import Workload
+
+
+def training_state_bytes(params: float, bytes_per_param: int = 16) -> float:
+    """Unsharded training state: params * bytes per param (16 with BF16 + FP32 master + Adam)."""
+    return params * bytes_per_param
+
+
+def sharded_state_per_chip(params: float, chips: int, bytes_per_param: int = 16) -> float:
+    """Training state fully sharded over ``chips`` (ZeRO-3 over everything): params * 16 / chips."""
+    return params * bytes_per_param / chips
+
+
+def zero_state_per_chip(params: float, model_parallel_chips: int, dp: int, zero: int,
+                        weight: int = 2, grad: int = 2, master: int = 4, optimizer: int = 8) -> float:
+    """State per chip for a layout whose model-parallel group spans ``model_parallel_chips``.
+
+    weights/grads/master+optimizer each divide by the model-parallel size, and by dp
+    from ZeRO stage 3/2/1 on. Seed: 405e9 params, TP16 x PP4 (64 chips), DP2, ZeRO-1
+    -> (2+2) * P / 64 + 12 * P / 128 = 58.9 GiB.
+    """
+    mp = model_parallel_chips
+    return (weight * params / (mp * (dp if zero >= 3 else 1))
+            + grad * params / (mp * (dp if zero >= 2 else 1))
+            + (master + optimizer) * params / (mp * (dp if zero >= 1 else 1)))
+
+
+def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:
+    """One layer, one micro-batch, one rank: Korthikanti et al. (2022) with TP + SP (see module doc)."""
+    m, tr = workload.model, workload.training
+    s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
+    mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
+    per_token = 11 + mlp + 4
+    sbh_t = s * b * h / t
+    if recompute == "full":
+        return 2 * sbh_t
+    if recompute == "selective":
+        return per_token * sbh_t
+    return sbh_t * (per_token + 5 * m.heads * s / h)
+
+
+def layers_per_stage(workload: Workload, layout: Layout) -> int:
+    """ceil(L / p): the busiest stage when p does not divide L (uneven stages, as Megatron allows)."""
+    return math.ceil(workload.model.layers / layout.pp)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per chip by kind; ``total`` includes the runtime reserve."""
+
+    weights: float
+    gradients: float
+    optimizer: float  # FP32 master + Adam moments
+    activations: float
+    reserve: float
+
+    @property
+    def state(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.state + self.activations + self.reserve
+
+    def gib(self) -> dict[str, float]:
+        return {k: v / GIB for k, v in (("weights", self.weights), ("gradients", self.gradients),
+                                         ("master_and_optimizer", self.optimizer),
+                                         ("activations", self.activations), ("runtime_reserve", self.reserve))}
+
+
+def params_per_rank(workload: Workload, layout: Layout) -> tuple[float, float]:
+    """(dense, expert) parameters one rank holds before ZeRO: P_dense/(tp*pp), P_expert/(tp*pp*ep)."""
+    m = workload.model
+    experts = m.expert_params()
+    mp = layout.tp * layout.pp
+    return (m.total_params() - experts) / mp, experts / (mp * layout.ep)
+
+
+def memory_per_chip(workload: Workload, layout: Layout, target: Target) -> Memory:
+    """Per-chip memory: ranks_per_chip times one rank's share, plus the runtime reserve."""
+    tr = workload.training
+    dense, expert = params_per_rank(workload, layout)
+    dp_dense, dp_expert = layout.dp, layout.dp // layout.ep
+
+    def sharded(bytes_per_param: int, stage: int) -> float:
+        if layout.zero >= stage:
+            return bytes_per_param * (dense / dp_dense + expert / dp_expert)
+        return bytes_per_param * (dense + expert)
+
+    in_flight = min(layout.micro_batches(workload), layout.pp)
+    interleave = 1 + (layout.pp - 1) / (layout.pp * layout.interleave) if layout.interleave > 1 else 1
+    acts = activation_bytes_per_layer(workload, layout.tp, layout.cp, layout.micro_batch, layout.recompute) \
+        * layers_per_stage(workload, layout) * in_flight * interleave
+    c = layout.ranks_per_chip
+    return Memory(weights=c * sharded(tr.weight_bytes, 3), gradients=c * sharded(tr.grad_bytes, 2),
+                  optimizer=c * sharded(tr.master_bytes + tr.optimizer_bytes, 1),
+                  activations=c * acts, reserve=target.runtime_reserve_bytes)
+
+
+def usable_hbm(target: Target, headroom: float) -> float:
+    """HBM a plan may fill: capacity * (1 - headroom); the default headroom is 10%."""
+    return target.chip.hbm_bytes * (1 - headroom)

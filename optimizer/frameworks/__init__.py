@@ -1,0 +1,1 @@
+"""What each training framework can run, and how its files are written."""

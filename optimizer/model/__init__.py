@@ -1,0 +1,1 @@
+"""The domain: targets, workloads, layouts, placement, and the loaders with their checks."""

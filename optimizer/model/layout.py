@@ -1,0 +1,196 @@
+"""Layout: the parallel degrees, the memory plan and the placement of every dimension on the axes.
+
+Ranks are logical NeuronCores (Neuron LNC docs: 64 per trn2 instance at LNC=2). Rank
+order, innermost first, is tp, cp, ep, dp, pp (Megatron's order). Expert parallelism
+is carved out of data parallelism, as in Megatron-Core and DeepSpeed-MoE: the ``ep``
+ranks of a DP group hold different experts, and ``dp // ep`` replicas remain. The
+placement gives, for every dimension, the factor of every physical axis it occupies;
+within one axis the dimensions nest in rank order. From that the rank-to-chip map
+follows (``rank_coordinates``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.target import Axis
+from trnopt.optimizer.model.workload import Workload
+
+DIMS = ("tp", "cp", "ep", "dp", "pp")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A validated parallel layout on a concrete set of physical axes.
+
+    ``placement[i][j]`` is the factor of axis ``axes[j]`` that dimension ``DIMS[i]``
+    occupies; the ``dp`` row places the ``dp // ep`` expert replicas.
+    """
+
+    tp: int
+    pp: int
+    dp: int
+    axes: tuple[Axis, ...]
+    placement: tuple[tuple[int, ...], ...]
+    ep: int = 1
+    cp: int = 1
+    zero: int = 1
+    recompute: str = "selective"
+    micro_batch: int = 1
+    interleave: int = 1
+    lnc: int = 2
+
+    def __post_init__(self):
+        def bad(key: str, rule: str):
+            raise InputError("layout", key, rule)
+
+        for name in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "interleave"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.dp % self.ep:
+            bad("ep", f"expert parallelism {self.ep} must divide data parallelism {self.dp} "
+                "(experts are spread over the DP ranks)")
+        if self.zero not in (0, 1, 2, 3):
+            bad("zero", f"must be 0, 1, 2 or 3, got {self.zero}")
+        if self.recompute not in RECOMPUTE:
+            bad("recompute", f"must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.interleave > 1 and self.pp == 1:
+            bad("interleave", "interleaved stages need pp > 1")
+        ranks = math.prod(a.size for a in self.axes)
+        product = self.tp * self.cp * self.dp * self.pp
+        if product != ranks:
+            shape = " x ".join(f"{a.name}{a.size}" for a in self.axes)
+            bad("degrees", f"tp*cp*dp*pp = {self.tp}*{self.cp}*{self.dp}*{self.pp} = {product} "
+                f"but the machine has {ranks} ranks ({shape}, logical cores at LNC={self.lnc})")
+        if len(self.placement) != len(DIMS) or any(len(row) != len(self.axes) for row in self.placement):
+            bad("placement", f"needs {len(DIMS)} rows of {len(self.axes)} factors")
+        for j, axis in enumerate(self.axes):
+            used = math.prod(row[j] for row in self.placement)
+            if used != axis.size:
+                bad("placement", f"the factors on axis {axis.name} multiply to {used}, not its size {axis.size}")
+        for dim, row in zip(DIMS, self.placement):
+            if math.prod(row) != self.placement_degree(dim):
+                bad("placement", f"{dim} occupies {'*'.join(map(str, row))} = {math.prod(row)} ranks "
+                    f"but its degree is {self.placement_degree(dim)}")
+
+    def degree(self, dim: str) -> int:
+        return getattr(self, dim)
+
+    def placement_degree(self, dim: str) -> int:
+        """Ranks a placement row spans: the degree, except dp's row, which holds dp // ep."""
+        return self.dp // self.ep if dim == "dp" else getattr(self, dim)
+
+    def span(self, *dims: str) -> tuple[tuple[Axis, int], ...]:
+        """The axes (with factors > 1) that one group of the given dimensions spans."""
+        rows = [self.placement[DIMS.index(d)] for d in dims]
+        out = []
+        for j, axis in enumerate(self.axes):
+            factor = math.prod(r[j] for r in rows)
+            if factor > 1:
+                out.append((axis, factor))
+        return tuple(out)
+
+    @property
+    def ranks(self) -> int:
+        return math.prod(a.size for a in self.axes)
+
+    @property
+    def ranks_per_chip(self) -> int:
+        return self.axes[0].size
+
+    @property
+    def chips(self) -> int:
+        return self.ranks // self.ranks_per_chip
+
+    @property
+    def domains(self) -> int:
+        return self.axes[-1].size
+
+    def micro_batches(self, workload: Workload) -> int:
+        return workload.training.global_batch // (self.dp * self.micro_batch)
+
+    def rank_coordinates(self, rank: int) -> tuple[dict[str, int], tuple[int, ...]]:
+        """(coordinate per dimension, coordinate per axis) of one rank.
+
+        The rank is split into dimension coordinates, tp fastest; each dimension's
+        coordinate into per-axis digits, fastest axis first; on each axis the digits of
+        the dimensions nest in rank order (tp innermost).
+        """
+        dims, rest = {}, rank
+        for d in DIMS:
+            n = self.degree(d) if d != "dp" else self.dp // self.ep
+            dims[d], rest = rest % n, rest // n
+        axis_coord = [0] * len(self.axes)
+        axis_stride = [1] * len(self.axes)
+        for i, d in enumerate(DIMS):
+            value = dims[d]
+            for j in range(len(self.axes)):
+                f = self.placement[i][j]
+                digit, value = value % f, value // f
+                axis_coord[j] += digit * axis_stride[j]
+                axis_stride[j] *= f
+        return dims, tuple(axis_coord)
+
+    def describe(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        plan = f"ZeRO-{self.zero}, {self.recompute} recompute, micro-batch {self.micro_batch}"
+        if self.interleave > 1:
+            plan += f", {self.interleave} interleaved stages"
+        return f"{' x '.join(parts)} ({plan}, LNC={self.lnc})"
+
+    def placement_text(self) -> str:
+        rows = []
+        for dim, row in zip(DIMS, self.placement):
+            spans = [f"{a.name}{f}" for a, f in zip(self.axes, row) if f > 1]
+            if spans:
+                rows.append(f"{dim}: {' '.join(spans)}")
+        return "; ".join(rows)
+
+    def workload_problems(self, workload: Workload) -> list[str]:
+        """Rules that tie the layout to the model; empty when it can run it."""
+        m, t, out = workload.model, workload.training, []
+        if m.heads % self.tp or (m.kv_heads % self.tp and self.tp % m.kv_heads):
+            out.append(f"tp={self.tp} must divide the {m.heads} attention heads and divide or be a multiple "
+                       f"of the {m.kv_heads} KV heads")
+        if self.pp * self.interleave > m.layers:
+            out.append(f"pp*interleave={self.pp * self.interleave} exceeds the {m.layers} layers")
+        if m.moe is None and self.ep > 1:
+            out.append(f"ep={self.ep} on a dense model")
+        if m.moe is not None and m.moe.experts % self.ep:
+            out.append(f"ep={self.ep} must divide the {m.moe.experts} experts")
+        if t.seq % self.cp:
+            out.append(f"cp={self.cp} must divide the sequence {t.seq}")
+        if t.global_batch % (self.dp * self.micro_batch):
+            out.append(f"dp*micro_batch={self.dp}*{self.micro_batch} must divide the global batch {t.global_batch}")
+        elif self.interleave > 1 and self.micro_batches(workload) % self.pp:
+            out.append("interleaved 1F1B needs the micro-batch count to be a multiple of pp")
+        return out
+
+
+def default_placement(axes: tuple[Axis, ...], degrees: dict[str, int]) -> tuple[tuple[int, ...], ...]:
+    """Fill axes fastest first with tp, then cp, ep, dp, pp: TP lands on the fastest links.
+
+    Each dimension takes the largest factor of the current axis that divides what it
+    still needs; raises InputError when the degrees do not tile the axes.
+    """
+    free = [a.size for a in axes]
+    rows = []
+    for dim in DIMS:
+        need, row = degrees.get(dim, 1), []
+        for j in range(len(axes)):
+            f = math.gcd(need, free[j])
+            row.append(f)
+            need //= f
+            free[j] //= f
+        if need != 1:
+            raise InputError("layout", dim, f"degree {degrees.get(dim, 1)} does not tile the axes "
+                             f"{', '.join(f'{a.name}{a.size}' for a in axes)} after the faster dimensions")
+        rows.append(tuple(row))
+    return tuple(rows)

@@ -1,0 +1,225 @@
+"""Target machines: a chip, the physical axes of one scale-up domain, and the network between domains.
+
+A target file (TOML, see targets/*.toml) describes one scale-up domain as a list of
+physical axes, fastest first, plus the scale-out network that joins many domains. The
+loader validates every key and reports a broken rule as ``InputError(file, key, rule)``.
+Units inside trnopt are SI: bytes, seconds, bytes per second, FLOP/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.tomlcheck import Table, read_toml
+
+GB = 1e9
+GIB = 2**30
+DOMAIN_AXIS_KINDS = ("torus", "ring", "switch")
+BUILTIN_TARGETS = ("trn1", "trn2", "trn2u", "trn3-gen1", "trn3-gen2", "a100", "h100")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One physical axis a parallel dimension can occupy a factor of.
+
+    ``kind`` is ``core`` (logical cores in a chip), ``torus``/``ring`` (NeuronLink or
+    NVLink rings; a torus axis of size n is a closed ring of n chips), ``switch`` (every
+    chip one hop from every other) or ``scale_out`` (EFA / InfiniBand between domains).
+    ``bandwidth`` is bytes/s per chip over all of the chip's links on this axis.
+    """
+
+    name: str
+    size: int
+    kind: str
+    bandwidth: float
+    latency: float
+
+    @property
+    def level(self) -> str:
+        """chip, domain or scale_out: the three levels a hierarchical collective steps through."""
+        return {"core": "chip", "scale_out": "scale_out"}.get(self.kind, "domain")
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    physical_cores: int
+    lnc_default: int
+    lnc_allowed: tuple[int, ...]
+    hbm_bytes: float
+    hbm_bandwidth: float
+    bf16_flops: float
+    fp8_flops: float
+    sbuf_bytes_per_partition: int
+    on_chip_bandwidth: float
+
+    def logical_cores(self, lnc: int) -> int:
+        """Ranks per chip: physical cores / LNC (Neuron LNC docs: LNC=2 on Trn2 gives 4 per chip)."""
+        return self.physical_cores // lnc
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Share of peak the model's matmuls reach: ``max_matmul * x / (x + half_width)``.
+
+    ``x`` is the smallest per-rank GEMM width (hidden / TP): narrow shards starve the
+    matrix engine. The two numbers are fitted on published step times (see the target
+    file and benchmarks/accuracy.py).
+    """
+
+    max_matmul: float
+    half_width: float
+
+    def matmul(self, width: float) -> float:
+        return self.max_matmul * width / (width + self.half_width)
+
+
+@dataclass(frozen=True)
+class Reliability:
+    instance_mtbf_s: float
+    checkpoint_bandwidth_per_instance: float
+    restart_s: float
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    source: str
+    instance: str
+    chips_per_instance: int
+    chip: Chip
+    domain_axes: tuple[Axis, ...]
+    scale_out: Axis
+    reliability: Reliability
+    efficiency: Efficiency
+    runtime_reserve_bytes: float
+
+    @property
+    def chips_per_domain(self) -> int:
+        return math.prod(a.size for a in self.domain_axes)
+
+    @property
+    def instances_per_domain(self) -> int:
+        return self.chips_per_domain // self.chips_per_instance
+
+    @property
+    def topology(self) -> str:
+        return " x ".join(f"{a.name}{a.size}({a.kind})" for a in self.domain_axes)
+
+    def axes(self, lnc: int, domains: int) -> tuple[Axis, ...]:
+        """Every physical axis of ``domains`` domains at LNC ``lnc``, fastest first.
+
+        The core axis (ranks on one chip) comes first and the scale-out axis last; the
+        rank count is the product of their sizes.
+        """
+        if lnc not in self.chip.lnc_allowed:
+            raise InputError(self.source, "chip.lnc_allowed", f"LNC={lnc} is not allowed on {self.name} "
+                             f"(allowed: {', '.join(map(str, self.chip.lnc_allowed))})")
+        cores = Axis("core", self.chip.logical_cores(lnc), "core", self.chip.on_chip_bandwidth, 0.0)
+        out = Axis(self.scale_out.name, domains, "scale_out", self.scale_out.bandwidth, self.scale_out.latency)
+        return (cores, *self.domain_axes, out)
+
+    def ranks(self, lnc: int, domains: int) -> int:
+        return self.chip.logical_cores(lnc) * self.chips_per_domain * domains
+
+
+def load_target(name_or_path: str) -> Target:
+    """Load a built-in target by name (``trn2u``) or a user's TOML file by path."""
+    if name_or_path in BUILTIN_TARGETS:
+        text = resources.files("trnopt.targets").joinpath(f"machines/{name_or_path}.toml").read_text("utf-8")
+        return parse_target(read_toml(f"{name_or_path}.toml", text), f"targets/{name_or_path}.toml")
+    path = Path(name_or_path)
+    if path.suffix != ".toml" and not path.exists():
+        raise InputError(name_or_path, "--target",
+                         f"unknown target; built-in targets are {', '.join(BUILTIN_TARGETS)}, or give a .toml path")
+    return parse_target(read_toml(path), str(path))
+
+
+def parse_target(data: dict, source: str) -> Target:
+    """Validate a parsed target file; every broken rule names the file and the key.
+
+    Units in the file: GiB for memory, GB/s for bandwidths (GB = 1e9 B), Gbps per instance
+    for the scale-out network, TFLOPS, microseconds, hours, minutes. Unknown keys are errors.
+    """
+    root = Table(data, source)
+    chip_t = root.table("chip")
+    cores = chip_t.int("physical_cores")
+    lnc_allowed = chip_t.int_list("lnc_allowed")
+    for lnc in lnc_allowed:
+        if cores % lnc:
+            raise chip_t.fail("lnc_allowed", f"LNC={lnc} does not divide physical_cores={cores}")
+    lnc_default = chip_t.int("lnc_default")
+    if lnc_default not in lnc_allowed:
+        raise chip_t.fail("lnc_default", f"{lnc_default} is not in lnc_allowed {list(lnc_allowed)}")
+    chip = Chip(
+        name=chip_t.str("name", nonempty=True),
+        physical_cores=cores,
+        lnc_default=lnc_default,
+        lnc_allowed=lnc_allowed,
+        hbm_bytes=_scaled(chip_t, "hbm_gib", GIB),
+        hbm_bandwidth=_scaled(chip_t, "hbm_bandwidth_gbs", GB),
+        bf16_flops=_scaled(chip_t, "bf16_tflops", 1e12),
+        fp8_flops=_scaled(chip_t, "fp8_tflops", 1e12),
+        sbuf_bytes_per_partition=chip_t.int("sbuf_kib_per_partition") * 1024,
+        on_chip_bandwidth=_scaled(chip_t, "on_chip_bandwidth_gbs", GB),
+    )
+    axes = []
+    for t in root.tables("axes"):
+        axes.append(Axis(t.str("name", nonempty=True), t.int("size"), t.choice("kind", DOMAIN_AXIS_KINDS),
+                         _scaled(t, "bandwidth_gbs", GB), _scaled(t, "latency_us", 1e-6, positive=False)))
+    names = [a.name for a in axes]
+    if len(set(names)) != len(names) or {"core"} & set(names):
+        raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
+    chips_per_domain = math.prod(a.size for a in axes)
+    per_instance = root.int("chips_per_instance")
+    if chips_per_domain % per_instance:
+        raise root.fail("chips_per_instance", f"{per_instance} does not divide the {chips_per_domain} chips "
+                        f"that the axes multiply to ({' x '.join(str(a.size) for a in axes)})")
+    if "chips_per_domain" in data and root.int("chips_per_domain") != chips_per_domain:
+        raise root.fail("chips_per_domain", f"{data['chips_per_domain']} but the axes multiply to {chips_per_domain}")
+    net = root.table("scale_out")
+    net_name = net.str("name", nonempty=True)
+    if net_name in names or net_name == "core":
+        raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
+    scale_out = Axis(net_name, 1, "scale_out",
+                     _scaled(net, "bandwidth_gbps_per_instance", GB / 8) / per_instance,
+                     _scaled(net, "latency_us", 1e-6, positive=False))
+    rel = root.table("reliability")
+    eff = root.table("efficiency")
+    target = Target(
+        name=root.str("name", nonempty=True),
+        description=root.str("description"),
+        source=source,
+        instance=root.str("instance"),
+        chips_per_instance=per_instance,
+        chip=chip,
+        domain_axes=tuple(axes),
+        scale_out=scale_out,
+        reliability=Reliability(_scaled(rel, "instance_mtbf_hours", 3600),
+                                _scaled(rel, "checkpoint_gbs_per_instance", GB),
+                                _scaled(rel, "restart_minutes", 60, positive=False)),
+        efficiency=Efficiency(_share(eff, "max_matmul"), eff.number("half_width")),
+        runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, positive=False),
+    )
+    root.check_unknown()
+    return target
+
+
+def _scaled(table: Table, name: str, unit: float, positive: bool = True) -> float:
+    """``table[name] * unit`` (file units to SI), refused when the product overflows to infinity."""
+    value = table.number(name, positive=positive) * unit
+    if not math.isfinite(value):
+        raise table.fail(name, "too large")
+    return value
+
+
+def _share(table: Table, name: str) -> float:
+    value = table.number(name)
+    if value > 1:
+        raise table.fail(name, f"must be in (0, 1], got {value:g}")
+    return value

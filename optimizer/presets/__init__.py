@@ -1,1 +1,0 @@
-"""Workload presets shipped with trnopt, one TOML file per model."""

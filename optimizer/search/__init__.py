@@ -1,0 +1,1 @@
+"""The search: the space, the CP-SAT model, brute force, and the driver that orchestrates them."""

@@ -1,0 +1,130 @@
+"""The search space: one definition for the CP-SAT model and the brute-force enumerator.
+
+A point of the space is a placement (for every parallel dimension, the factor of every
+physical axis it occupies) and a memory plan (ZeRO stage, recomputation, micro-batch
+size, interleaved stages). LNC and the number of domains fix the axes, so each
+``Space`` is for one LNC and one domain count.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.cost.overlap import OverlapTable
+from trnopt.optimizer.model.target import Axis, Target
+from trnopt.optimizer.model.workload import Workload
+
+CP_MIN_SEQ = 32768          # context parallelism is searched from this sequence length on
+MICRO_BATCHES = (1, 2, 4, 8)
+INTERLEAVES = (1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
+OBJECTIVES = ("step-time", "goodput")
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def prime_exponents(n: int) -> dict[int, int]:
+    out, p = {}, 2
+    while p * p <= n:
+        while n % p == 0:
+            out[p] = out.get(p, 0) + 1
+            n //= p
+        p += 1
+    if n > 1:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the user asks: a workload on ``domains`` domains of a target."""
+
+    workload: Workload
+    target: Target
+    domains: int = 1
+    headroom: float = 0.10
+    objective: str = "step-time"
+    hidden: Mapping[str, float] | OverlapTable = field(default_factory=dict)  # see overlapdata.tp_hidden
+    lnc: tuple[int, ...] | None = None  # None: every LNC the chip allows
+    with_latency: bool = True
+    zero_stages: tuple[int, ...] = ZERO_STAGES  # e.g. (0, 1) for frameworks with ZeRO-1 only
+
+    @property
+    def lnc_values(self) -> tuple[int, ...]:
+        return self.lnc or self.target.chip.lnc_allowed
+
+
+@dataclass(frozen=True)
+class Space:
+    problem: Problem
+    lnc: int
+
+    @cached_property
+    def axes(self) -> tuple[Axis, ...]:
+        return self.problem.target.axes(self.lnc, self.problem.domains)
+
+    @property
+    def ranks(self) -> int:
+        return math.prod(a.size for a in self.axes)
+
+    @cached_property
+    def degrees(self) -> dict[str, tuple[int, ...]]:
+        """Candidate degrees per placement dimension (dp here is dp // ep, the expert replicas)."""
+        m, tr, r = self.problem.workload.model, self.problem.workload.training, self.ranks
+        tp = tuple(d for d in divisors(r) if m.heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0))
+        cp = tuple(d for d in divisors(r) if tr.seq % d == 0) if tr.seq >= CP_MIN_SEQ else (1,)
+        ep = tuple(d for d in divisors(r) if m.moe and m.moe.experts % d == 0) or (1,)
+        pp = tuple(d for d in divisors(r) if d <= m.layers)
+        return {"tp": tp, "cp": cp, "ep": ep, "dp": divisors(r), "pp": pp}
+
+    @cached_property
+    def micro_batches(self) -> tuple[int, ...]:
+        return tuple(b for b in MICRO_BATCHES if self.problem.workload.training.global_batch % b == 0)
+
+    def active(self, dim: str) -> bool:
+        return len(self.degrees[dim]) > 1
+
+    def size(self) -> int:
+        """Points before the workload's rules: placements x memory plans."""
+        placements = 1
+        n_dims = sum(self.active(d) for d in DIMS)
+        for axis in self.axes:
+            # ordered factorizations of the axis size into n_dims factors
+            placements *= math.prod(math.comb(e + n_dims - 1, n_dims - 1)
+                                    for e in prime_exponents(axis.size).values())
+        return placements * len(self.micro_batches) * len(INTERLEAVES) * len(self.problem.zero_stages) * len(RECOMPUTE)
+
+    def placements(self) -> Iterator[tuple[tuple[int, ...], ...]]:
+        """Every placement whose degrees are candidates, as rows in DIMS order."""
+        dims = [d for d in DIMS if self.active(d)]
+        per_axis = []
+        for axis in self.axes:
+            per_axis.append([f for f in itertools.product(divisors(axis.size), repeat=len(dims))
+                             if math.prod(f) == axis.size])
+        for choice in itertools.product(*per_axis):
+            rows = {d: tuple(c[i] for c in choice) for i, d in enumerate(dims)}
+            full = tuple(rows.get(d, (1,) * len(self.axes)) for d in DIMS)
+            if all(math.prod(row) in self.degrees[d] for d, row in zip(DIMS, full)):
+                yield full
+
+    def layouts(self) -> Iterator[Layout]:
+        """Every valid layout of the space (the brute-force enumerator's input)."""
+        workload = self.problem.workload
+        for rows in self.placements():
+            deg = {d: math.prod(r) for d, r in zip(DIMS, rows)}
+            for b, v, zero, rc in itertools.product(self.micro_batches, INTERLEAVES, self.problem.zero_stages,
+                                                    RECOMPUTE):
+                if v > 1 and deg["pp"] == 1:
+                    continue
+                layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
+                                axes=self.axes, placement=rows, zero=zero, recompute=rc, micro_batch=b,
+                                interleave=v, lnc=self.lnc)
+                if not layout.workload_problems(workload):
+                    yield layout

@@ -1,0 +1,74 @@
+"""Step time: placement costs, and the properties every valid layout must have."""
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trnopt.optimizer.cost.evaluate import evaluate
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.search.space import Problem, Space
+from trnopt.optimizer.cost.steptime import model_flops, step_time
+from trnopt.optimizer.model.target import load_target
+from trnopt.optimizer.model.workload import Training, Workload, load_model
+
+
+def tp16(ring: bool) -> tuple:
+    """TP over 16 chips of one trn2u, inside an instance (x, y) or across the ring (x, ring); DP on cores."""
+    t = load_target("trn2u")
+    axes = t.axes(2, 1)  # core4 x4 y4 ring4 efa1
+    tp = (1, 4, 1, 4, 1) if ring else (1, 4, 4, 1, 1)
+    dp = (4, 1, 4, 1, 1) if ring else (4, 1, 1, 4, 1)
+    one = (1,) * 5
+    lay = Layout(tp=16, pp=1, dp=16, axes=axes, placement=(tp, one, one, dp, one), zero=1, lnc=2)
+    return t, lay
+
+
+def test_tp_across_the_ring_costs_four_times_the_torus():
+    w = Workload(load_model("llama3-405b"), Training())
+    t, inside = tp16(ring=False)
+    _, across = tp16(ring=True)
+    a = step_time(w, inside, t, with_latency=False).tp_raw
+    b = step_time(w, across, t, with_latency=False).tp_raw
+    assert b / a == pytest.approx(4.0)
+
+
+def test_hidden_fraction_scales_exposed_tp():
+    w = Workload(load_model("llama3-405b"), Training())
+    t, lay = tp16(ring=False)
+    raw = step_time(w, lay, t)
+    hid = step_time(w, lay, t, hidden={"torus": 0.9})
+    assert hid.tp_raw == raw.tp_raw
+    assert hid.tp == pytest.approx(0.1 * raw.tp)
+
+
+def test_model_flops_is_6nd_plus_attention():
+    w = Workload(load_model("llama3-8b"), Training(seq=4096, global_batch=8))
+    m, tokens = w.model, 4096 * 8
+    assert model_flops(w) == pytest.approx(6 * m.active_params() * tokens + 12 * 4096 * m.layers * 4096 * tokens)
+
+
+def small_problem():
+    t = load_target("trn2")
+    w = Workload(load_model("llama3-8b"), Training(seq=2048, global_batch=32))
+    return Problem(w, t, 1, lnc=(2,))
+
+
+LAYOUTS = list(Space(small_problem(), 2).layouts())
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(index=st.integers(0, len(LAYOUTS) - 1), factor=st.sampled_from([1.5, 2.0, 10.0]))
+def test_properties_over_valid_layouts(index, factor):
+    p = small_problem()
+    lay = LAYOUTS[index]
+    e = evaluate(p.workload, lay, p.target)
+    assert math.isfinite(e.step.total) and e.step.total > 0
+    assert math.isfinite(e.memory.total) and e.memory.total > 0
+    assert all(v >= 0 for v in e.step.as_dict().values())
+    # more bandwidth on every link never raises the step time
+    faster_axes = tuple(dataclasses.replace(a, bandwidth=a.bandwidth * factor) for a in lay.axes)
+    faster = dataclasses.replace(lay, axes=faster_axes)
+    assert step_time(p.workload, faster, p.target).total <= e.step.total * (1 + 1e-12)
