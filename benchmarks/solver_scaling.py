@@ -22,7 +22,8 @@ from common import environment
 from trnopt.optimizer.search.bruteforce import brute_force
 from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.search.driver import solve
-from trnopt.optimizer.search.space import Problem, Space
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 

@@ -234,7 +234,7 @@ def table_lines(rows: list[dict], how: str) -> list[str]:
 def run(args) -> int:
     from pathlib import Path
 
-    from trnopt.optimizer.commands.cli import write_output
+    from trnopt.optimizer.commands.output import write_output
     from trnopt.optimizer.errors import InputError
 
     if args.json not in (None, "-") and Path(args.json).exists() and not args.force:

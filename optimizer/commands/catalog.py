@@ -1,6 +1,6 @@
 """What the built-in targets and model presets are, as text tables and JSON-ready dicts.
 
-Pure functions returning strings or plain dicts (no printing); the CLI's ``trnopt targets``,
+Pure functions returning strings or plain dicts, and the command that prints them: ``trnopt targets``,
 ``trnopt targets show NAME``, ``trnopt models`` and ``trnopt models show NAME`` print them.
 Every figure comes from the target or preset file (whose comments give its source) or is
 derived from it by the loaders in target.py and workload.py.
@@ -10,9 +10,11 @@ use SI (bytes, bytes/s, FLOP/s, seconds), the units of the dataclasses.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import Any
 
+from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.target import BUILTIN_TARGETS, GB, GIB, Target, load_target
 from trnopt.optimizer.model.workload import PRESETS, Model, load_model
 
@@ -190,3 +192,32 @@ def model_dict(model: Model | str) -> dict[str, Any]:
     out.update(total_params=m.total_params(), active_params=m.active_params(),
                params_by_part=m.param_breakdown(), active_params_by_part=m.param_breakdown(active=True))
     return out
+
+
+# -- command ----------------------------------------------------------------------------------
+CATALOGS = {  # command -> (loader, details text, JSON dict, listing)
+    "targets": (load_target, target_details, target_dict, targets_table),
+    "models": (load_model, model_details, model_dict, models_table),
+}
+
+
+def register(sub) -> None:
+    for command, what in (("targets", "the built-in targets"), ("models", "the model presets")):
+        p = sub.add_parser(command, help=f"list {what}, or show one")
+        p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+        p.add_argument("name", nargs="?")
+        p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text")
+        p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    """`trnopt targets|models [show NAME] [--json]`."""
+    load, details, as_dict, listing = CATALOGS[args.command]
+    if args.action == "show":
+        if not args.name:
+            raise InputError(f"trnopt {args.command} show", "NAME", f"name one (trnopt {args.command} lists them)")
+        item = load(args.name)
+        print(json.dumps(as_dict(item), indent=2) if args.as_json else details(item))
+    else:
+        print(listing())
+    return 0

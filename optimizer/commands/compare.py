@@ -26,17 +26,19 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
+from trnopt.optimizer import defaults
+from trnopt.optimizer.commands.args import (add_output_args, add_search_args, add_workload_args, check_search_args,
+                                            workload_from_args)
+from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.errors import InfeasibleError, InputError
-from trnopt.optimizer.cost.evaluate import DEFAULT_HEADROOM, Evaluation
+from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
-from trnopt.optimizer.cost.overlap import measured
 from trnopt.optimizer.search.driver import SearchResult, domain_flag, fewest_domains, solve
-from trnopt.optimizer.search.cpsat import DEFAULT_WORKERS, SolverMismatch
-from trnopt.optimizer.search.space import OBJECTIVES, Problem
+from trnopt.optimizer.search.cpsat import SolverMismatch
+from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.target import GIB, Target, load_target
-from trnopt.optimizer.model.workload import DEFAULT_MODEL, Training, Workload, load_model
+from trnopt.optimizer.model.workload import Workload
 
-DEFAULT_TARGETS = "trn2u,trn3-gen1,trn3-gen2"
 
 # (JSON key, Evaluation -> value, higher is better) for the metrics every row carries
 METRICS = (
@@ -95,7 +97,7 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
     """Solve the workload on every target (same time limit, seed, workers); one Row per target."""
     rows = []
     for ref, target in targets:
-        problem = Problem(workload, target, domains or 1, headroom, objective, hidden=measured())
+        problem = Problem(workload, target, domains or 1, headroom, objective=objective)
         row = Row(ref, target, domains, "given" if domains else "fewest")
         if domains is None:
             found = fewest_domains(problem, workers=workers, seed=seed)
@@ -196,20 +198,13 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="best layout of one model on several targets, side by side",
                        description="Solve one model on several targets with the same search settings and "
                                    "compare step time, throughput, memory and reliability.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name or a .toml file (default {DEFAULT_MODEL})")
-    p.add_argument("--targets", default=DEFAULT_TARGETS,
-                   help=f"comma-separated built-in names or .toml files (default {DEFAULT_TARGETS})")
+    p.add_argument("--targets", default=defaults.COMPARE_TARGETS,
+                   help=f"comma-separated built-in names or .toml files (default {defaults.COMPARE_TARGETS})")
     p.add_argument("--ultraservers", type=int,
                    help="domains of every target (default: the fewest that fit, per target)")
-    p.add_argument("--seq", type=int, default=8192, help="sequence length (default 8192)")
-    p.add_argument("--global-batch", type=int, default=1024, help="sequences per step (default 1024)")
-    p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM, help="HBM share kept free (default 0.10)")
-    p.add_argument("--objective", default="step-time", help="step-time (default) or goodput")
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds of search per target (default 60)")
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"CP-SAT workers (default {DEFAULT_WORKERS})")
-    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
-    p.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout only)")
-    p.add_argument("--force", action="store_true", help="allow --json to replace an existing file")
+    add_workload_args(p)
+    add_search_args(p, time_help="seconds of search per target")
+    add_output_args(p)
     p.set_defaults(run=run)
 
 
@@ -223,18 +218,11 @@ def parse_targets(text: str) -> list[tuple[str, Target]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trnopt.optimizer.commands.cli import write_output
-
     targets = parse_targets(args.targets)
     if args.ultraservers is not None and args.ultraservers < 1:
         raise InputError("--ultraservers", "ultraservers", f"must be >= 1, got {args.ultraservers}")
-    if not 0 <= args.headroom < 1:
-        raise InputError("--headroom", "headroom", f"must be in [0, 1), got {args.headroom}")
-    if args.objective not in OBJECTIVES:
-        raise InputError("--objective", "objective", f"must be one of {', '.join(OBJECTIVES)}")
-    if args.time_limit <= 0:
-        raise InputError("--time-limit", "time-limit", f"must be > 0, got {args.time_limit:g}")
-    workload = Workload(load_model(args.model), Training(seq=args.seq, global_batch=args.global_batch))
+    check_search_args(args)
+    workload = workload_from_args(args)
     rows = compare(workload, targets, args.ultraservers, args.headroom, args.objective, args.time_limit,
                    args.workers, args.seed)
     settings = {"objective": args.objective, "time_limit_s": args.time_limit, "seed": args.seed,

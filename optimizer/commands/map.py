@@ -131,7 +131,7 @@ def png_map(layout: Layout, target: Target, path: str, force: bool = False,
         from matplotlib.patches import Rectangle
     except ImportError:
         raise InputError("--png", "matplotlib", PLOT_HINT) from None
-    from trnopt.optimizer.commands.cli import write_output
+    from trnopt.optimizer.commands.output import write_output
 
     pics = pictures(layout, target)[:max_domains]
     cols, icols = chip_columns(target), instance_columns(target)

@@ -80,7 +80,7 @@ def solve_text(result: SearchResult) -> str:
         out.append(result.domains_note)
     out += [f"solver: {status} in {result.seconds:.2f} s over {result.space_size:,} points (CP-SAT)", ""]
     out += evaluation_lines(e, p.target)
-    source = overlap_source_line(e, p.hidden)
+    source = overlap_source_line(e, p.overlap)
     if source:
         at = next((i for i, line in enumerate(out) if line.startswith("  TP communication raw")), len(out) - 1)
         out.insert(at + 1, source)

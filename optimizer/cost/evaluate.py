@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trnopt.optimizer import defaults
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.cost.memory import Memory, memory_per_chip, usable_hbm
 from trnopt.optimizer.cost.reliability import Reliability, reliability
@@ -16,7 +17,6 @@ from trnopt.optimizer.cost.steptime import StepTime, model_flops, peak_flops_per
 from trnopt.optimizer.model.target import GIB, Target
 from trnopt.optimizer.model.workload import Workload
 
-DEFAULT_HEADROOM = 0.10
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,10 @@ def checkpoint_bytes(workload: Workload) -> float:
     return workload.model.total_params() * (tr.weight_bytes + tr.master_bytes + tr.optimizer_bytes)
 
 
-def evaluate(workload: Workload, layout: Layout, target: Target, headroom: float = DEFAULT_HEADROOM,
-             hidden: Mapping[str, float] | None = None, with_latency: bool = True) -> Evaluation:
+def evaluate(workload: Workload, layout: Layout, target: Target, headroom: float = defaults.HEADROOM,
+             overlap: Mapping[str, float] | None = None) -> Evaluation:
     """Memory, step time, tokens/s, MFU and reliability of one layout."""
-    step = step_time(workload, layout, target, hidden, with_latency)
+    step = step_time(workload, layout, target, overlap)
     tokens_per_s = workload.training.tokens / step.total
     mfu = model_flops(workload) / (step.total * layout.ranks * peak_flops_per_rank(target, layout.lnc))
     return Evaluation(layout, memory_per_chip(workload, layout, target), usable_hbm(target, headroom), step,

@@ -103,10 +103,10 @@ class StepTime:
 
 
 def step_time(workload: Workload, layout: Layout, target: Target,
-              hidden: Mapping[str, float] | None = None, with_latency: bool = True) -> StepTime:
+              overlap: Mapping[str, float] | None = None) -> StepTime:
     """The step-time breakdown of ``layout`` (see the module docstring for every term).
 
-    ``hidden`` gives the fraction of TP communication the overlap kernels hide: the
+    ``overlap`` gives the fraction of TP communication the overlap kernels hide: the
     measured table (overlapdata.OverlapTable, by TP degree and link class) or a plain
     mapping link class -> fraction; what it does not cover hides nothing.
     """
@@ -117,13 +117,13 @@ def step_time(workload: Workload, layout: Layout, target: Target,
     act = tr.activation_bytes
 
     def time(op: str, size: float, *dims: str) -> float:
-        return cc.collective_time(op, size, layout.span(*dims), c, with_latency)
+        return cc.collective_time(op, size, layout.span(*dims), c)
 
     compute = compute_time(workload, target, layout.tp, layout.recompute, layout.ranks, layout.lnc)
 
     block = s_local * b * h * act
     tp_raw = m * L * tp_collectives_per_layer(layout.recompute) * time("all_reduce", block, "tp")
-    tp = tp_raw * (1 - overlapdata.tp_hidden(hidden, layout.span("tp")))
+    tp = tp_raw * (1 - overlapdata.tp_hidden(overlap, layout.span("tp")))
 
     kv = tr.seq * b * 2 * max(mdl.kv_heads, layout.tp) // layout.tp * mdl.head_dim * act
     cp = m * L * 2 * time("all_gather", kv, "cp")

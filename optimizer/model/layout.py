@@ -12,6 +12,7 @@ follows (``rank_coordinates``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
@@ -194,3 +195,33 @@ def default_placement(axes: tuple[Axis, ...], degrees: dict[str, int]) -> tuple[
                              f"{', '.join(f'{a.name}{a.size}' for a in axes)} after the faster dimensions")
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def parse_placement(text: str, axes: tuple[Axis, ...], source: str = "--placement") -> tuple[tuple[int, ...], ...]:
+    """Placement rows from text such as ``tp=core4,x4,y4;pp=ring4;dp=efa2``.
+
+    Dimensions are separated by ";", each dimension's factors by ","; a factor is an axis
+    name followed by how many of that axis's positions the dimension takes. The ``dp``
+    entry places the dp // ep expert replicas (as ``Layout.placement`` does). Dimensions
+    and axes not named take a factor of 1. Raises InputError naming the part that breaks
+    a rule; whether the rows tile the axes is checked by ``Layout`` itself.
+    """
+    names = {a.name: j for j, a in enumerate(axes)}
+    rows = {d: [1] * len(axes) for d in DIMS}
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        dim, eq, factors = part.partition("=")
+        dim = dim.strip()
+        if not eq or dim not in DIMS:
+            raise InputError(source, part, f"expected DIM=AXIS<factor>,... with DIM one of {', '.join(DIMS)}")
+        for item in (f.strip() for f in factors.split(",")):
+            match = re.fullmatch(r"([A-Za-z_]+?)(\d+)", item)
+            if match is None or match.group(1) not in names:
+                raise InputError(source, f"{dim}={item}", "expected an axis name and a factor, e.g. x4; axes are "
+                                 + ", ".join(f"{a.name}{a.size}" for a in axes))
+            j, factor = names[match.group(1)], int(match.group(2))
+            if factor < 1 or axes[j].size % factor:
+                raise InputError(source, f"{dim}={item}", f"the factor must divide the axis size {axes[j].size}")
+            rows[dim][j] *= factor
+    return tuple(tuple(rows[d]) for d in DIMS)

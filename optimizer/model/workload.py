@@ -15,7 +15,6 @@ from trnopt.optimizer.model.tomlcheck import Table, read_toml
 
 PRESETS = ("llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mixtral-8x7b", "mixtral-8x22b",
            "deepseek-v3", "megatron-22b", "megatron-175b", "megatron-530b", "megatron-1t")
-DEFAULT_MODEL = "llama3-405b"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass
 
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
-from trnopt.optimizer.search.space import Problem, Space
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.search.space import Space
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,7 @@ def brute_force(problem: Problem, limit: int | None = None) -> BruteForceResult:
             if limit is not None and count >= limit:
                 return BruteForceResult(best, count, time.perf_counter() - start)
             count += 1
-            e = evaluate(problem.workload, layout, problem.target, problem.headroom, problem.hidden,
-                         problem.with_latency)
+            e = problem.evaluate(layout)
             value = objective_value(e, problem.objective)
             if e.fits and value < best_value:
                 best, best_value = e, value

@@ -38,6 +38,7 @@ from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_place
 from trnopt.optimizer.cost.memory import activation_bytes_per_layer
 from trnopt.optimizer.cost.overlap import tp_hidden
 from trnopt.optimizer.cost.reliability import reliability
+from trnopt.optimizer.defaults import WORKERS as DEFAULT_WORKERS
 from trnopt.optimizer.search.space import INTERLEAVES, Space, divisors, prime_exponents
 from trnopt.optimizer.cost.steptime import (BACKWARD_SHARE, compute_time, ep_alltoalls_per_layer,
                                        tp_collectives_per_layer)
@@ -45,10 +46,6 @@ from trnopt.optimizer.cost.steptime import (BACKWARD_SHARE, compute_time, ep_all
 TICKS_PER_COMPUTE = 2**24  # ticks in the best compute time
 GOODPUT_SCALE = 2**24  # 1/goodput in units of 2^-24: 6e-8 relative
 OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (doubles)
-# CP-SAT workers: four beat two on these 2-core machines (benchmarks/solver_scaling.py: the
-# portfolio's bound-proving workers matter more than the cores); interleaved search keeps
-# the answer deterministic for a fixed seed and worker count.
-DEFAULT_WORKERS = 4
 
 
 class SolverMismatch(AssertionError):
@@ -303,7 +300,7 @@ class LayoutModel(IntModel):
         w, t = p.workload, p.target
         mdl, tr = w.model, w.training
         R, c, B, s, h, a = space.ranks, space.axes[0].size, tr.global_batch, tr.seq, mdl.hidden, tr.activation_bytes
-        lat = p.with_latency
+        lat = True
         tp_b, tp_v = self.degree_index("tp")
         pp_b, pp_v = self.degree_index("pp")
 
@@ -324,7 +321,7 @@ class LayoutModel(IntModel):
 
         # TP: n(rc) * Ls * pp * X(row) + n(rc) * Ls * m * Y(row)
         tp_choice = self.place.get("tp")
-        hidden = p.hidden
+        hidden = p.overlap
 
         def tp_x(span):
             k, _ = coeff("all_reduce", span)
@@ -556,7 +553,7 @@ def greedy_layout(space: Space) -> Layout | None:
                 continue
             if layout.workload_problems(p.workload):
                 continue
-            if evaluate(p.workload, layout, p.target, p.headroom, p.hidden, p.with_latency).fits:
+            if p.evaluate(layout).fits:
                 return layout
     return None
 
@@ -608,7 +605,7 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = DEFAULT_W
     if status not in ("OPTIMAL", "FEASIBLE"):
         return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start)
     layout = lm.layout(solver)
-    e = evaluate(p.workload, layout, p.target, p.headroom, p.hidden, p.with_latency)
+    e = p.evaluate(layout)
     check_agreement(lm, solver, e)
     objective = objective_value(e, p.objective)
     scale = objective / solver.objective_value if solver.objective_value else 0.0
@@ -621,8 +618,7 @@ def solve_space(space: Space, time_limit: float = 60.0, workers: int = DEFAULT_W
         sub = _solver(max(1.0, time_limit / 10), 1, seed)
         if STATUS[sub.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
             break
-        result.runners_up.append(evaluate(p.workload, lm.layout(sub), p.target, p.headroom, p.hidden,
-                                          p.with_latency))
+        result.runners_up.append(p.evaluate(lm.layout(sub)))
     return result
 
 

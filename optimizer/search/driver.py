@@ -11,8 +11,10 @@ from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.cost.memory import sharded_state_per_chip, usable_hbm
-from trnopt.optimizer.search.cpsat import DEFAULT_WORKERS, fits, greedy_layout, minimum_memory, solve_space
-from trnopt.optimizer.search.space import Problem, Space
+from trnopt.optimizer.defaults import WORKERS as DEFAULT_WORKERS
+from trnopt.optimizer.search.cpsat import fits, greedy_layout, minimum_memory, solve_space
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import GIB
 
 MAX_DOMAINS = 64
@@ -91,7 +93,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
         if alt in seen or alt.workload_problems(p.workload):
             continue
         seen.add(alt)
-        e = evaluate(p.workload, alt, p.target, p.headroom, p.hidden, p.with_latency)
+        e = p.evaluate(alt)
         if not e.fits:
             verdict = f"over memory: {e.memory.total / GIB:.1f} GiB/chip > {e.usable_bytes / GIB:.1f} usable"
         else:

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cached_property
 
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
-from trnopt.optimizer.cost.overlap import OverlapTable
-from trnopt.optimizer.model.target import Axis, Target
-from trnopt.optimizer.model.workload import Workload
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.model.target import Axis
 
 CP_MIN_SEQ = 32768          # context parallelism is searched from this sequence length on
 MICRO_BATCHES = (1, 2, 4, 8)
 INTERLEAVES = (1, 2)
-ZERO_STAGES = (0, 1, 2, 3)
-OBJECTIVES = ("step-time", "goodput")
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -43,26 +40,9 @@ def prime_exponents(n: int) -> dict[int, int]:
 
 
 @dataclass(frozen=True)
-class Problem:
-    """What the user asks: a workload on ``domains`` domains of a target."""
-
-    workload: Workload
-    target: Target
-    domains: int = 1
-    headroom: float = 0.10
-    objective: str = "step-time"
-    hidden: Mapping[str, float] | OverlapTable = field(default_factory=dict)  # see overlapdata.tp_hidden
-    lnc: tuple[int, ...] | None = None  # None: every LNC the chip allows
-    with_latency: bool = True
-    zero_stages: tuple[int, ...] = ZERO_STAGES  # e.g. (0, 1) for frameworks with ZeRO-1 only
-
-    @property
-    def lnc_values(self) -> tuple[int, ...]:
-        return self.lnc or self.target.chip.lnc_allowed
-
-
-@dataclass(frozen=True)
 class Space:
+    """The layouts of one problem at one LNC (the LNC and the domain count fix the axes)."""
+
     problem: Problem
     lnc: int
 

@@ -42,7 +42,7 @@ def test_llama3_405b_on_three_targets_fewest_domains(tmp_path, capsys):
                                                     "domains": r["domains"], "seq": 4096, "global_batch": 256},
                                         "layout": r["layout"]}))
         _, _, layout = read_layout(str(lay_file))
-        e = evaluate(workload, layout, target, hidden=measured())  # the measured overlap, as compare uses
+        e = evaluate(workload, layout, target, overlap=measured())  # the measured overlap, as compare uses
         assert r["step_time_s"] == e.step.total and r["tokens_per_s"] == e.tokens_per_s and r["mfu"] == e.mfu
         assert r["memory_headroom_gib"] == (e.usable_bytes - e.memory.total) / GIB
         assert r["job_mtbf_h"] == e.reliability.job_mtbf_s / 3600 and r["goodput"] == e.reliability.goodput

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.workload import DEFAULT_MODEL, PRESETS, Training, Workload, load_model
+from trnopt.optimizer.defaults import MODEL as DEFAULT_MODEL
+from trnopt.optimizer.model.workload import PRESETS, Training, Workload, load_model
 
 # DESIGN section 4: layers, hidden, heads, kv heads, FFN (dense), vocab, experts, top-k, expert FFN.
 DESIGN_TABLE = {

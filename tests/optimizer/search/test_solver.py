@@ -14,7 +14,8 @@ from trnopt.optimizer.cost.evaluate import evaluate, objective_value
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.search.driver import explain_infeasible, solve
 from trnopt.optimizer.search.cpsat import score_layout, solve_space
-from trnopt.optimizer.search.space import Problem, Space
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import load_target, parse_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model, parse_model
 
@@ -90,7 +91,7 @@ def test_seed_worked_example_solver_beats_the_hand_layout():
     axes = p.target.axes(2, 2)
     hand = Layout(tp=64, pp=4, dp=2, axes=axes, placement=default_placement(axes, {"tp": 64, "pp": 4, "dp": 2}),
                   zero=1, recompute="full", lnc=2)
-    hand_eval = evaluate(p.workload, hand, p.target)
+    hand_eval = p.evaluate(hand)
     assert hand_eval.fits
     result = solve(p, time_limit=60, top=0)
     assert result.best.fits
@@ -132,5 +133,5 @@ def test_model_scores_every_layout_like_the_cost_model():
     assert len(layouts) >= 10
     for layout in layouts:
         value, rounding = score_layout(space, layout)
-        e = evaluate(problem.workload, layout, problem.target)
+        e = problem.evaluate(layout)
         assert abs(value - e.step.total) <= rounding + 1e-9 * e.step.total, layout.describe()

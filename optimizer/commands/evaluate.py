@@ -1,0 +1,104 @@
+"""`trnopt evaluate`: score one hand-written layout with the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from trnopt.optimizer.commands.args import add_problem_args, domains_from_args, workload_from_args
+from trnopt.optimizer.commands.output import write_output
+from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
+from trnopt.optimizer.model.layoutfile import problem_dict
+from trnopt.optimizer.model.target import load_target
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evaluate", help="score one hand-written layout with the cost model")
+    add_problem_args(p)
+    p.add_argument("--tp", type=int, help="tensor-parallel degree (ranks); default: from --placement, else 1")
+    p.add_argument("--pp", type=int, help="pipeline-parallel degree; default: from --placement, else 1")
+    p.add_argument("--dp", type=int, help="data-parallel degree (all DP ranks, experts' included); "
+                   "default: from --placement, else the rest of the machine")
+    p.add_argument("--ep", type=int, help="expert-parallel degree (carved out of dp); default 1")
+    p.add_argument("--cp", type=int, help="context-parallel degree; default 1")
+    p.add_argument("--zero", type=int, default=1, help="ZeRO stage 0-3 (default 1)")
+    p.add_argument("--recompute", default="selective", help=f"{', '.join(RECOMPUTE)} (default selective)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--interleave", type=int, default=1, help="interleaved stages per pipeline rank (default 1)")
+    p.add_argument("--lnc", type=int, help="logical NeuronCore config (default: the target's)")
+    p.add_argument("--placement", help='each dimension\'s factors on named axes, e.g. "tp=core4,x4,y4;pp=ring4;dp=efa2" '
+                   "(default: TP on the fastest axes, then cp, ep, dp, pp)")
+    p.set_defaults(run=run)
+
+
+def degrees_from_args(args, rows: tuple[tuple[int, ...], ...] | None) -> dict[str, int]:
+    """Degrees from the flags, else from the placement rows; a flag that disagrees with its row is an error."""
+    out = {}
+    for dim in DIMS:
+        flag = getattr(args, dim)
+        from_rows = math.prod(rows[DIMS.index(dim)]) if rows is not None else None
+        if dim == "dp" and from_rows is not None:
+            from_rows *= out["ep"]
+        if flag is not None and from_rows is not None and flag != from_rows:
+            raise InputError(f"--{dim}", dim, f"{flag} disagrees with --placement, which gives {from_rows}")
+        out[dim] = flag if flag is not None else (from_rows or (0 if dim == "dp" else 1))
+        if out[dim] < 0 or (out[dim] == 0 and dim != "dp"):
+            raise InputError(f"--{dim}", dim, f"must be >= 1, got {out[dim]}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    target, workload = load_target(args.target), workload_from_args(args)
+    if args.lnc is not None and args.lnc not in target.chip.lnc_allowed:
+        raise InputError("--lnc", "lnc", f"LNC={args.lnc} is not allowed on {target.name} "
+                         f"(allowed: {', '.join(map(str, target.chip.lnc_allowed))})")
+    lnc = args.lnc or target.chip.lnc_default
+    domains = domains_from_args(target, args)
+    per_domain = target.ranks(lnc, 1)
+    if domains is None and args.placement is not None:
+        # the scale-out factor the placement names (1 when it names none)
+        probe = target.axes(lnc, 1)
+        domains = max(1, math.prod(int(f) for f in _scale_out_factors(args.placement, probe[-1].name)))
+    deg = degrees_from_args(args, None if args.placement is None else
+                            parse_placement(args.placement, target.axes(lnc, domains or 1)))
+    if deg["dp"] == 0:  # the rest of the machine
+        if domains is None:
+            raise InputError("--dp", "dp", "give --dp, --placement or a machine size (--ultraservers/--instances)")
+        deg["dp"] = max(1, target.ranks(lnc, domains) // (deg["tp"] * deg["pp"] * deg["cp"]))
+    product = deg["tp"] * deg["pp"] * deg["dp"] * deg["cp"]
+    if domains is None:
+        if product % per_domain:
+            raise InputError("--tp/--pp/--dp", "degrees", f"tp*pp*dp*cp = {product} is not a multiple of the "
+                             f"{per_domain} ranks of one {target.name} domain at LNC={lnc}")
+        domains = product // per_domain
+    axes = target.axes(lnc, domains)
+    if deg["dp"] % deg["ep"]:
+        raise InputError("--ep", "ep", f"expert parallelism {deg['ep']} must divide data parallelism {deg['dp']}")
+    rows = (parse_placement(args.placement, axes) if args.placement is not None else
+            default_placement(axes, {**deg, "dp": deg["dp"] // deg["ep"]}))
+    source = "--placement" if args.placement is not None else "--tp/--pp/--dp"
+    try:
+        layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], ep=deg["ep"], cp=deg["cp"], zero=args.zero,
+                        recompute=args.recompute, micro_batch=args.micro_batch, interleave=args.interleave,
+                        lnc=lnc, axes=axes, placement=rows)
+    except InputError as exc:
+        raise InputError(source, exc.key, exc.rule) from None
+    problems = layout.workload_problems(workload)
+    if problems:
+        raise InputError(source, "degrees", problems[0])
+    e = Problem(workload, target, domains, args.headroom).evaluate(layout)
+    if args.json != "-":
+        print("\n".join(evaluation_lines(e, target) + [""] + rank_map_lines(e, target)))
+    if args.json:
+        write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
+                                 **evaluation_dict(e)}, args.force)
+    return 0
+
+
+def _scale_out_factors(text: str, axis: str) -> list[str]:
+    """The factors a placement text gives the scale-out axis (e.g. ["2"] for "dp=efa2")."""
+    return re.findall(rf"(?<![A-Za-z_]){re.escape(axis)}(\d+)", text)

@@ -1,0 +1,69 @@
+"""`trnopt solve`: the fastest layout that fits, found by CP-SAT, with the report and exports."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from trnopt.optimizer import defaults
+from trnopt.optimizer.commands.args import (add_problem_args, add_search_args, check_search_args, domains_from_args,
+                                            workload_from_args, zero_stages_from_args)
+from trnopt.optimizer.commands.output import write_output
+from trnopt.optimizer.commands.report import solve_dict, solve_text
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.errors import InfeasibleError
+from trnopt.optimizer.frameworks import export
+from trnopt.optimizer.model.layoutfile import problem_dict
+from trnopt.optimizer.model.target import GIB, load_target
+from trnopt.optimizer.search.driver import MAX_DOMAINS, domain_flag, fewest_domains, least_memory, solve
+
+
+def register(sub) -> None:
+    p = sub.add_parser("solve", help="find the fastest layout that fits (CP-SAT)")
+    add_problem_args(p)
+    add_search_args(p)
+    p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
+    p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default all; 0,1 with --format nxd)")
+    p.add_argument("--top", type=int, default=defaults.TOP,
+                   help=f"runner-up layouts to show (default {defaults.TOP})")
+    p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
+                   help="text (default), json, nxd (NxD Training YAML keys) or env (launch environment lines)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    target, workload = load_target(args.target), workload_from_args(args)
+    check_search_args(args)
+    domains = domains_from_args(target, args)
+    problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
+                      lnc=(args.lnc,) if args.lnc else None, zero_stages=zero_stages_from_args(args))
+    note = ""
+    if domains is None:
+        found = fewest_domains(problem, workers=args.workers, seed=args.seed)
+        if found is None:
+            raise InfeasibleError(f"{workload.model.name} fits on no count of {target.name} domains up to "
+                                  f"{MAX_DOMAINS} with {args.headroom:.0%} headroom")
+        if found > 1:
+            need = least_memory(problem, args.workers, args.seed)
+            note = (f"no domain count given: {found} is the fewest {target.name} domains on which "
+                    f"{workload.model.name} fits with {args.headroom:.0%} headroom (one needs at least "
+                    f"{need / GIB:.1f} GiB/chip); pass {domain_flag(target, found)} to choose")
+        else:
+            note = f"no domain count given: one {target.name} domain is enough"
+        problem = replace(problem, domains=found)
+    result = solve(problem, args.time_limit, args.workers, args.seed, args.top)
+    result.domains_note = note
+    info = problem_dict(args.target, args.model, workload, problem.domains)
+    if args.format == "json" or args.json == "-":
+        write_output("-", solve_dict(result, info))
+    elif args.format in export.FORMATS:
+        export.write(args.format, result)
+    else:
+        print(solve_text(result))
+    if args.json and args.json != "-":
+        write_output(args.json, solve_dict(result, info), args.force)
+    if result.status != "OPTIMAL":
+        print(f"trnopt: warning: time limit reached; best layout shown, gap {100 * result.gap:.2f}%",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,48 @@
+"""Problem: what the user asks, and the one way from a layout to its Evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trnopt.optimizer import defaults
+from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
+from trnopt.optimizer.cost.overlap import OverlapTable, measured
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.workload import Workload
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A workload on ``domains`` domains of a target, and how layouts are judged."""
+
+    workload: Workload
+    """The model and the training run (sequence, global batch, precision)."""
+    target: Target
+    """One scale-up domain and how domains connect."""
+    domains: int = 1
+    """Scale-up domains joined by the scale-out network (EFA)."""
+    headroom: float = defaults.HEADROOM
+    """Share of HBM a plan leaves free."""
+    overlap: OverlapTable | Mapping[str, float] = field(default_factory=measured)
+    """Share of TP communication the overlap kernels hide: the measured table by default,
+    or a mapping link class -> fraction."""
+    objective: str = defaults.OBJECTIVE
+    """What the search minimises: "step-time", or "goodput" (step time / goodput)."""
+    lnc: tuple[int, ...] | None = None
+    """LNC values to search; None: every value the chip allows."""
+    zero_stages: tuple[int, ...] = defaults.ZERO_STAGES
+    """ZeRO stages to search, e.g. (0, 1) for frameworks with ZeRO-1 only."""
+
+    @property
+    def lnc_values(self) -> tuple[int, ...]:
+        return self.lnc or self.target.chip.lnc_allowed
+
+    def evaluate(self, layout: Layout) -> Evaluation:
+        """Memory, step time, throughput and reliability of ``layout`` on this problem."""
+        return evaluate(self.workload, layout, self.target, self.headroom, self.overlap)
+
+    def score(self, evaluation: Evaluation) -> float:
+        """The objective's value of an evaluation (seconds)."""
+        return objective_value(evaluation, self.objective)

@@ -1,0 +1,19 @@
+"""Every default of trnopt in one place; the CLI's help strings read them from here."""
+
+from __future__ import annotations
+
+TARGET = "trn2u"             # the Trn2 UltraServer: the machine most teams plan for
+MODEL = "llama3-405b"        # the largest dense Llama 3
+SEQ = 8192                   # Llama 3's pre-training context
+GLOBAL_BATCH = 1024          # sequences per step
+HEADROOM = 0.10              # HBM share a plan leaves free
+OBJECTIVE = "step-time"      # or "goodput": step time / goodput
+OBJECTIVES = ("step-time", "goodput")
+ZERO_STAGES = (0, 1, 2, 3)
+TIME_LIMIT_S = 60.0          # seconds for the whole search
+TOP = 3                      # runner-up layouts shown
+SEED = 0                     # CP-SAT random seed
+# CP-SAT workers: four beat two on these 2-core machines (benchmarks/solver_scaling.py: the
+# portfolio's bound-proving workers matter more than the cores).
+WORKERS = 4
+COMPARE_TARGETS = "trn2u,trn3-gen1,trn3-gen2"
