@@ -43,6 +43,9 @@ class Layout:
     micro_batch: int = 1
     interleave: int = 1
     lnc: int = 2
+    dp_replicate: int = 1
+    """HSDP: replicas of the sharded state (torchtitan's data_parallel_replicate_degree). The
+    ZeRO/FSDP shards span dp_shard = dp // dp_replicate ranks; 1 shards over all of dp."""
 
     def __post_init__(self):
         def bad(key: str, rule: str):
@@ -54,6 +57,10 @@ class Layout:
         if self.dp % self.ep:
             bad("ep", f"expert parallelism {self.ep} must divide data parallelism {self.dp} "
                 "(experts are spread over the DP ranks)")
+        if self.dp_replicate < 1 or (self.dp // self.ep) % self.dp_replicate:
+            bad("dp_replicate", f"must be >= 1 and divide dp // ep = {self.dp // self.ep}, got {self.dp_replicate}")
+        if self.dp_replicate > 1 and self.zero == 0:
+            bad("dp_replicate", "HSDP replicates sharded state: it needs ZeRO >= 1")
         if self.zero not in (0, 1, 2, 3):
             bad("zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         if self.recompute not in RECOMPUTE:
@@ -76,6 +83,11 @@ class Layout:
             if math.prod(row) != self.placement_degree(dim):
                 bad("placement", f"{dim} occupies {'*'.join(map(str, row))} = {math.prod(row)} ranks "
                     f"but its degree is {self.placement_degree(dim)}")
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks one ZeRO/FSDP shard group spans (torchtitan's data_parallel_shard_degree)."""
+        return self.dp // self.dp_replicate
 
     def degree(self, dim: str) -> int:
         return getattr(self, dim)
@@ -141,7 +153,9 @@ class Layout:
             parts.append(f"EP{self.ep}")
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
-        plan = f"ZeRO-{self.zero}, {self.recompute} recompute, micro-batch {self.micro_batch}"
+        zero = f"ZeRO-{self.zero}" + (f" (HSDP: {self.dp_replicate} replicas of {self.dp_shard}-way shards)"
+                                      if self.dp_replicate > 1 else "")
+        plan = f"{zero}, {self.recompute} recompute, micro-batch {self.micro_batch}"
         if self.interleave > 1:
             plan += f", {self.interleave} interleaved stages"
         return f"{' x '.join(parts)} ({plan}, LNC={self.lnc})"
