@@ -3,8 +3,9 @@
 Rules and sources: partition dim <= 128, matmul stationary free <= 128 and moving free
 <= 512, matmul reads SBUF and writes PSUM, a matmul result fits one 2 KiB PSUM bank
 ("nki.isa.nc_matmul", "nki.language.tile_size"); PSUM 8 banks x 2 KiB and SBUF 224 KiB
-per partition (DESIGN section 7); DMA cannot read PSUM (DESIGN section 7); kernel outputs
-live in shared_hbm (DESIGN section 7); collectives take HBM or SBUF tensors, not a mix
+per partition (Trainium2 architecture guide); DMA cannot read PSUM, moves equal element counts and converts dtypes
+through float32 ("nki.isa.dma_copy"); kernel outputs
+live in shared_hbm ("nki.jit" / simulator guide); collectives take HBM or SBUF tensors, not a mix
 ("nki.collectives.all_gather" and siblings).
 """
 
@@ -76,21 +77,10 @@ def tensor_arg(v: Any, where: str, role: str) -> NkiTensor:
     return v
 
 
-def same_shape(a: NkiTensor, b: NkiTensor, where: str, ra: str, rb: str) -> None:
-    if tuple(d for d in a.shape if d != 1) != tuple(d for d in b.shape if d != 1) or a.size != b.size:
-        raise ConstraintError(f"{where}: shape mismatch: {ra} {a.shape} vs {rb} {b.shape}")
-
-
 def same_partitions(a: NkiTensor, b: NkiTensor, where: str, ra: str, rb: str) -> None:
     if a.shape[0] != b.shape[0] or free_size(a) != free_size(b):
         raise ConstraintError(f"{where}: shape mismatch: {ra} {a.shape} vs {rb} {b.shape} "
                               f"(partitions and free size must agree)")
-
-
-def same_dtype(a: NkiTensor, b: NkiTensor, where: str, ra: str, rb: str) -> None:
-    if a.dtype != b.dtype:
-        raise ConstraintError(f"{where}: dtype mismatch: {ra} is {a.dtype.name}, {rb} is {b.dtype.name} "
-                              f"(this instruction does not convert)")
 
 
 def matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, where: str) -> tuple[int, int, int]:
@@ -136,8 +126,9 @@ def dma(dst: NkiTensor, src: NkiTensor, where: str) -> None:
     for role, v in (("dst", dst), ("src", src)):
         if v.buffer.on_chip:
             partition_dim(v.shape[0], where, f"{role} shape {v.shape}")
-    same_shape(dst, src, where, "dst", "src")
-    same_dtype(dst, src, where, "dst", "src")
+    if dst.size != src.size:
+        raise ConstraintError(f"{where}: dst has {dst.size} elements {dst.shape} but src has {src.size} "
+                              f"{src.shape}; a DMA copies equal element counts")
 
 
 def kernel_output(v: Any, where: str) -> None:

@@ -42,7 +42,10 @@ import numpy as np
 from . import checks
 from . import language as nl
 from .errors import ConstraintError, SimulatorError, SymmetryError
+from .instruction import NkiInstruction
 from .language import NKIObject
+from .registers import VirtualRegister
+from .registers import runtime_int as _int
 from .rendezvous import Deposit
 from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
@@ -118,13 +121,22 @@ def _tensors(xs: Any, w: str, role: str) -> list[NkiTensor]:
     return [checks.tensor_arg(x, w, role) for x in xs]
 
 
+# The collectives whose Neuron SDK 2.33 pages ("nki.collectives.all_gather", ".all_reduce",
+# ".reduce_scatter") state "When LNC degree is 1, the srcs must be on private_hbm; only the
+# dsts may be shared, and only when NKI_LNC1_SHARED_HBM=1 is set". The pages of
+# collective_permute, collective_permute_implicit(_reduce) and all_to_all state no such
+# rule (only "tensors must reside on HBM" or HBM/SBUF, not a mix), so their HBM tensors may
+# be private_hbm or shared_hbm at any LNC degree.
+LNC1_PRIVATE_SRCS = frozenset({"all_gather", "all_reduce", "reduce_scatter"})
+
+
 def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w: str,
                hbm_only: bool = False, n_srcs: int | None = None) -> None:
     """Placement rules of collective tensors (``tensors``: the srcs first, ``n_srcs`` of them).
 
-    From the nki.collectives pages (Neuron SDK 2.33 all_gather / all_reduce, applied by the
-    simulator to every collective): tensors on HBM or SBUF, not a mix, never PSUM; HBM srcs
-    all private_hbm or all shared_hbm; with LNC degree 1 HBM srcs must be private_hbm. A
+    From the nki.collectives pages (Neuron SDK 2.33): tensors on HBM or SBUF, not a mix,
+    never PSUM; HBM srcs all private_hbm or all shared_hbm, and likewise the dsts; for the
+    collectives in ``LNC1_PRIVATE_SRCS``, with LNC degree 1 HBM srcs must be private_hbm. A
     kernel argument is an HBM tensor the caller owns (shared_hbm in the simulator), so at
     LNC 1 it cannot be a collective src: kernels copy it into a private_hbm buffer first.
     HBM dsts likewise all private or all shared, and shared_hbm dsts at LNC 1 only when
@@ -145,7 +157,7 @@ def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w:
         if len(regions) > 1:
             raise ConstraintError(f"{w}: collective srcs mix private_hbm and shared_hbm; on HBM they must be "
                                   f"all private_hbm or all shared_hbm")
-        if ctx.lnc == 1 and regions != {MemoryRegion.private_hbm}:
+        if ctx.lnc == 1 and op in LNC1_PRIVATE_SRCS and regions != {MemoryRegion.private_hbm}:
             t = next(t for t in srcs if t.buffer is not MemoryRegion.private_hbm)
             what = ("the kernel's own input tensor " if t.alloc.kind == "input" or t.alloc.id in ctx.inputs
                     else "tensor ") + t.alloc.label()
@@ -159,7 +171,7 @@ def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w:
             raise ConstraintError(f"{w}: collective dsts mix private_hbm and shared_hbm; on HBM they must be "
                                   f"all private_hbm or all shared_hbm")
         shared = [t for t in dsts if t.buffer is MemoryRegion.shared_hbm]
-        if ctx.lnc == 1 and shared and os.environ.get("NKI_LNC1_SHARED_HBM") != "1":
+        if ctx.lnc == 1 and op in LNC1_PRIVATE_SRCS and shared and os.environ.get("NKI_LNC1_SHARED_HBM") != "1":
             raise ConstraintError(
                 f"{w}: collective dst {shared[0].alloc.label()} is in shared_hbm; with LNC degree 1 a shared_hbm "
                 f"dst needs NKI_LNC1_SHARED_HBM=1 (nki.collectives.all_gather / all_reduce pages, Neuron SDK "
@@ -181,13 +193,19 @@ def _data(ctx: Any, ts: list[NkiTensor], op: str, name: str | None) -> list[np.n
 
 
 def _finish(ctx: Any, op: str, name: str | None, engine: str, start: float, end: float,
-            reads: list[NkiTensor], writes: list[NkiTensor], read_end: float | None = None) -> None:
+            reads: list[NkiTensor], writes: list[NkiTensor], sent: int, read_end: float | None = None) -> NkiInstruction:
+    """Place a collective on its engine; its ``sent`` bytes also take this core's DMA
+    bandwidth (the collective's DMA rings share the engines and HBM port of compute DMAs)."""
+    ctx.accesses(op, name, reads, writes)
+    if sent and end > start:
+        end = max(end, ctx.timeline.dma_traffic(start, sent, op, name))
     ctx.timeline.occupy(engine, start, end, op, name)
-    ctx.timeline.record(reads, writes, end if read_end is None else read_end, end)
+    ctx.timeline.record(reads, writes, end if read_end is None else max(read_end, end), end)
+    return NkiInstruction(op, name, start, end)
 
 
 def _group_collective(op: str, name: str | None, srcs: Any, dsts: Any, replica_group: Any,
-                      params: tuple, duration: Any, compute: Any, hbm_only: bool = False) -> None:
+                      params: tuple, duration: Any, compute: Any, hbm_only: bool = False) -> NkiInstruction:
     """Shared path of all_reduce / all_gather / reduce_scatter / all_to_all."""
     ctx = _ctx(op)
     w = ctx.where(op, name)
@@ -213,7 +231,11 @@ def _group_collective(op: str, name: str | None, srcs: Any, dsts: Any, replica_g
     if ctx.numerics:
         for i, d in enumerate(dsts):
             ctx.write(d, compute([got[m].payload[1][i] for m in members], pos, n).reshape(d.shape))
-    _finish(ctx, op, name, "CC0", start, start + dur, srcs, dsts)
+    # bytes this rank's DMA engines send: all_gather / all_to_all (n-1)/n of the result or the
+    # src, all_reduce twice (reduce-scatter + all-gather phases) its src's (n-1)/n
+    factor = {"all_reduce": 2.0}.get(op, 1.0) * (n - 1) / n if n > 1 else 0.0
+    sent = int(factor * sum(d.nbytes if op == "all_gather" else s.nbytes for s, d in zip(srcs, dsts)))
+    return _finish(ctx, op, name, "CC0", start, start + dur, srcs, dsts, sent)
 
 
 def _reduce(op: Any, w: str) -> Any:
@@ -255,7 +277,7 @@ def _same_shape_check(s: NkiTensor, d: NkiTensor, n: int, w: str) -> None:
 def all_reduce(srcs, dsts, replica_group, op, priority=None, name=None):
     """Every rank of a rank-list gets op-reduction of all their srcs (FP32 accumulation)."""
     red = _reduce(op, "all_reduce")
-    _group_collective("all_reduce", name, srcs, dsts, replica_group, (op.__name__,),
+    return _group_collective("all_reduce", name, srcs, dsts, replica_group, (op.__name__,),
                       lambda n, b, link: 2 * (n - 1) * link.transfer_s(b / n),
                       _Compute(lambda arrays, pos, n: red(arrays), _same_shape_check))
 
@@ -263,7 +285,7 @@ def all_reduce(srcs, dsts, replica_group, op, priority=None, name=None):
 def all_gather(srcs, dsts, replica_group, collective_dim, priority=None, name=None):
     """dst = concatenation of the rank-list's srcs along ``collective_dim``, in list order."""
     dim = int(collective_dim)
-    _group_collective("all_gather", name, srcs, dsts, replica_group, (dim,),
+    return _group_collective("all_gather", name, srcs, dsts, replica_group, (dim,),
                       lambda n, b, link: (n - 1) * link.transfer_s(b),
                       _Compute(lambda arrays, pos, n: np.concatenate(arrays, axis=dim),
                                _dim_check(dim, grow=True, split=False)))
@@ -272,7 +294,7 @@ def all_gather(srcs, dsts, replica_group, collective_dim, priority=None, name=No
 def reduce_scatter(srcs, dsts, replica_group, collective_dim, op, priority=None, name=None):
     """The op-reduction of the srcs, split along ``collective_dim``; list position k gets chunk k."""
     dim, red = int(collective_dim), _reduce(op, "reduce_scatter")
-    _group_collective("reduce_scatter", name, srcs, dsts, replica_group, (dim, op.__name__),
+    return _group_collective("reduce_scatter", name, srcs, dsts, replica_group, (dim, op.__name__),
                       lambda n, b, link: (n - 1) * link.transfer_s(b / n),
                       _Compute(lambda arrays, pos, n: np.array_split(red(arrays), n, axis=dim)[pos],
                                _dim_check(dim, grow=False, split=True)))
@@ -281,7 +303,7 @@ def reduce_scatter(srcs, dsts, replica_group, collective_dim, op, priority=None,
 def all_to_all(srcs, dsts, replica_group, collective_dim, priority=None, name=None):
     """Chunk j of every src goes to list position j; dst concatenates the received chunks in list order."""
     dim = int(collective_dim)
-    _group_collective("all_to_all", name, srcs, dsts, replica_group, (dim,),
+    return _group_collective("all_to_all", name, srcs, dsts, replica_group, (dim,),
                       lambda n, b, link: link.alltoall_s(n, b),
                       _Compute(lambda arrays, pos, n: np.concatenate(
                           [np.array_split(a, n, axis=dim)[pos] for a in arrays], axis=dim),
@@ -311,7 +333,7 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
                             f"{ctx.world} ranks sends once and receives once; got {list(pairs)} "
                             f"(run with symmetric=False)")
     if ctx.rank not in ranks:
-        return None
+        return NkiInstruction(op, name, 0.0, 0.0)
     _same_shape_check(srcs[0], dsts[0], 2, w)
     ctx.check_capacity(op, name)
     ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
@@ -327,12 +349,12 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
         writes = dsts
         if ctx.numerics:
             ctx.write(dsts[0], got[(source[0], ctx.program)].payload[1][0].reshape(dsts[0].shape))
-    _finish(ctx, op, name, "CC0", start, end, srcs, writes)
-    return None
+    sends = any(s == ctx.rank for s, _ in pairs)
+    return _finish(ctx, op, name, "CC0", start, end, srcs, writes, srcs[0].nbytes if sends else 0)
 
 
 def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_by_channel: Any,
-               replica_group: Any, channel_ids: Any, reducer: Any) -> None:
+               replica_group: Any, channel_ids: Any, reducer: Any) -> NkiInstruction:
     """One step of the implicit ring permute (with reduction when ``reducer`` is given)."""
     w = ctx.where(op, name)
     ranks = _my_list(ctx, replica_group, w)
@@ -370,6 +392,7 @@ def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_
     dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op, sig, (readies, outgoing))
     members = tuple((r, ctx.program) for r in ranks)
     got = ctx.rendezvous.exchange(dep, members)
+    ends = []
     for c, ch in enumerate(chans):
         step = 1 if ch % 2 == 0 else -1
         pred, succ = members[(pos - step) % n], members[(pos + step) % n]
@@ -378,15 +401,16 @@ def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_
         succ_start = max(got[succ].payload[0][c], readies[c]) if n > 1 else start
         if ctx.numerics:
             ctx.write(dsts[c], got[pred].payload[1][c])
-        _finish(ctx, op, name, f"CC{ch}", start, start + hop, srcs[c], [dsts[c]],
-                read_end=max(start, succ_start) + hop)
+        ends.append(_finish(ctx, op, name, f"CC{ch}", start, start + hop, srcs[c], [dsts[c]],
+                            dsts[c].nbytes if n > 1 else 0, read_end=max(start, succ_start) + hop))
+    return NkiInstruction(op, name, min(e.start_s for e in ends), max(e.end_s for e in ends))
 
 
 def collective_permute_implicit(srcs_by_channel, dsts_by_channel, replica_group, channel_ids=[0],
                                 priority=None, name=None):
     """One ring step: on each channel, send src to the successor, receive the predecessor's src into dst."""
     ctx = _ctx("collective_permute_implicit")
-    _ring_step(ctx, "collective_permute_implicit", name, [srcs_by_channel], dsts_by_channel,
+    return _ring_step(ctx, "collective_permute_implicit", name, [srcs_by_channel], dsts_by_channel,
                replica_group, channel_ids, None)
 
 
@@ -397,20 +421,31 @@ def collective_permute_implicit_reduce(srcs0_by_channel, srcs1_by_channel, dsts_
     w = ctx.where("collective_permute_implicit_reduce", name)
     if not callable(op):
         raise ConstraintError(f"{w}: op must be an nl function such as nl.add, got {op!r}")
-    _ring_step(ctx, "collective_permute_implicit_reduce", name, [srcs0_by_channel, srcs1_by_channel],
+    return _ring_step(ctx, "collective_permute_implicit_reduce", name, [srcs0_by_channel, srcs1_by_channel],
                dsts_by_channel, replica_group, channel_ids, op)
 
 
 def collective_permute_implicit_current_processing_rank_id(iteration_id, replica_group, channel_id=0,
                                                            name=None):
     """Rank whose data this rank holds after ``iteration_id`` ring steps on ``channel_id``
-    (0: its own; even channels receive from the previous list entry, odd from the next)."""
-    ctx = _ctx("collective_permute_implicit_current_processing_rank_id")
-    ranks = _my_list(ctx, replica_group, ctx.where("collective_permute_implicit_current_processing_rank_id", name))
-    step = 1 if int(channel_id) % 2 == 0 else -1
-    return ranks[(ranks.index(ctx.rank) - step * int(iteration_id)) % len(ranks)]
+    (0: its own; even channels receive from the previous list entry, odd from the next),
+    as a scalar register (``registers``): form offsets with register arithmetic and use
+    them in ``tensor.ap(scalar_offset=...)`` or ``nl.ds``."""
+    op = "collective_permute_implicit_current_processing_rank_id"
+    ctx = _ctx(op)
+    w = ctx.where(op, name)
+    _my_list(ctx, replica_group, w)
+    step = 1 if _int(channel_id, "channel_id") % 2 == 0 else -1
+    it = _int(iteration_id, "iteration_id")
+
+    def held(r: int) -> int:
+        ranks = next(g for g in replica_group.groups if r in g)
+        return ranks[(ranks.index(r) - step * it) % len(ranks)]
+    values = [held(r) if any(r in g for g in replica_group.groups) else r for r in range(ctx.world)]
+    return VirtualRegister.per_rank(values, ctx.rank, ctx.rendezvous.symmetric)
 
 
 def rank_id(name=None):
-    """This rank's id (0 .. number of ranks - 1)."""
-    return _ctx("rank_id").rank
+    """This rank's id (0 .. number of ranks - 1), as a scalar register (``registers``)."""
+    ctx = _ctx("rank_id")
+    return VirtualRegister.per_rank(list(range(ctx.world)), ctx.rank, ctx.rendezvous.symmetric)

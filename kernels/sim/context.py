@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import itertools
-import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
 from . import checks, rates
-from .errors import ConstraintError, UninitializedReadError, where
+from .errors import ConstraintError, SymmetryError, UninitializedReadError, where
 from .rates import LinkModel
+from .lnc import SharedHbm
 from .rendezvous import Rendezvous
 from .tensor import Allocation, MemoryRegion, NkiTensor
 from .timeline import CoreTimeline
-
-
-class SharedHbm:
-    """shared_hbm allocations of one logical rank, seen by both programs under LNC 2:
-    the k-th shared_hbm allocation of each program is the same tensor."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._allocs: dict[int, Allocation] = {}
-
-    def get_or_create(self, k: int, make: Any) -> Allocation:
-        with self._lock:
-            if k not in self._allocs:
-                self._allocs[k] = make()
-            return self._allocs[k]
 
 
 class OnChipSpace:
@@ -79,8 +64,9 @@ class CoreContext:
 
     def __init__(self, *, rank: int, program: int, lnc: int, world: int, numerics: bool,
                  sbuf_limit: int, links: dict[int, LinkModel], default_link: LinkModel,
-                 rendezvous: Rendezvous, shared_hbm: SharedHbm) -> None:
+                 rendezvous: Rendezvous, shared_hbm: SharedHbm, grid: tuple[int, ...] = (1,)) -> None:
         self.rank, self.program, self.lnc, self.world = rank, program, lnc, world
+        self.grid = grid
         self.numerics = numerics
         self.sbuf_limit = sbuf_limit
         self.links, self.default_link = links, default_link
@@ -122,7 +108,8 @@ class CoreContext:
             if alloc.shape != shape or alloc.dtype != dtype:
                 raise ConstraintError(
                     f"{self.where(op, name or None)}: shared_hbm allocation #{k} is {shape} {dtype.name} on "
-                    f"this program but {alloc.shape} {alloc.dtype.name} on the other program of the rank")
+                    f"this program but {alloc.shape} {alloc.dtype.name} on another program of the rank")
+            self.shared_hbm.track(alloc)
             return NkiTensor(alloc)
         alloc = Allocation(next(self._ids), shape, dtype, buffer, name, self.numerics, kind)
         if buffer.on_chip:
@@ -152,15 +139,18 @@ class CoreContext:
             self.space[buffer].release(aid, self.timeline.last_use(aid))
         self.timeline.forget(aid)
 
-    def input_tensor(self, value: Any, index: int) -> NkiTensor:
-        """A kernel argument (numpy array, or anything with .shape/.dtype) as an HBM tensor."""
+    def input_tensor(self, value: Any, index: int | str) -> NkiTensor:
+        """A kernel argument (numpy array, or anything with .shape/.dtype; positional ``index``
+        or keyword name) as an HBM tensor."""
         t = self.allocate(tuple(value.shape), value.dtype, MemoryRegion.shared_hbm,
-                          name=f"arg{index}", kind="input", op="kernel input")
+                          name=f"arg{index}" if isinstance(index, int) else index, kind="input",
+                          op="kernel input")
         if self.numerics:
             t.alloc.data[...] = np.asarray(value, dtype=t.dtype).reshape(-1)
         if t.alloc.written is not None:
             t.alloc.written[...] = True
         self.inputs.add(t.alloc.id)
+        self.shared_hbm.track(t.alloc)
         return t
 
     # --- instructions --------------------------------------------------------------------------
@@ -197,8 +187,21 @@ class CoreContext:
         dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
         v.written_mask()[...] = True
 
+    def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
+        """Symmetric-run and cross-program checks of an instruction's operands."""
+        if self.rendezvous.symmetric:
+            for v in reads:
+                if v.lanes is not None:
+                    raise SymmetryError(
+                        f"{self.where(op, name)}: reads tensor {v.alloc.label()} at an offset that differs "
+                        f"between ranks (a rank-dependent register); a symmetric run cannot check the other "
+                        f"ranks' reads (run with symmetric=False)")
+        if self.lnc > 1:
+            self.shared_hbm.access(self.program, self.where(op, name), reads, writes)
+
     def issue(self, op: str, name: str | None, engine: str, duration: float,
               reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
+        self.accesses(op, name, reads, writes)
         self.check_capacity(op, name)
         tl = self.timeline
         start, end = tl.run(engine, duration, tl.ready(reads, writes), op, name)
@@ -207,6 +210,7 @@ class CoreContext:
 
     def issue_dma(self, op: str, name: str | None, nbytes: int,
                   reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
+        self.accesses(op, name, reads, writes)
         self.check_capacity(op, name)
         tl = self.timeline
         start, end = tl.dma(nbytes, tl.ready(reads, writes), op, name)

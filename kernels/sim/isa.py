@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from . import checks, rates
+from . import registers as _registers
 from . import language as nl
 from .errors import ConstraintError, SimulatorError
+from .instruction import NkiInstruction
 from .language import NKIObject
 from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
@@ -84,19 +86,6 @@ class NkiValidationError(Exception):
     """Raised by the reference on invalid instructions (the simulator raises ConstraintError)."""
 
 
-class NkiInstruction(NKIObject):
-    """Handle of an issued instruction: its engine and simulated start/end times."""
-
-    def __init__(self, op: str, name: str | None, start_s: float, end_s: float) -> None:
-        self.op, self.name, self.start_s, self.end_s = op, name, start_s, end_s
-
-    def depends_on(self, *others: Any) -> "NkiInstruction":
-        return self  # the simulator orders by data dependencies already
-
-    def __repr__(self) -> str:
-        return f"NkiInstruction({self.op}, name={self.name!r}, {self.start_s * 1e6:.3f}-{self.end_s * 1e6:.3f} us)"
-
-
 _ENGINE_NAMES = {engine.vector: "Vector", engine.scalar: "Scalar", engine.gpsimd: "GpSimd",
                  engine.tensor: "Tensor"}
 
@@ -122,13 +111,17 @@ def get_nc_version():
 
 def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              engine=engine.unknown, name=None):
-    """Copy ``src`` to ``dst`` by DMA (HBM<->SBUF, HBM<->HBM, SBUF<->SBUF; never PSUM)."""
+    """Copy ``src`` to ``dst`` by DMA (HBM<->SBUF, HBM<->HBM, SBUF<->SBUF; never PSUM).
+    Equal element counts; different dtypes convert src -> float32 -> dst ("nki.isa.dma_copy")."""
     ctx = _ctx("dma_copy")
     w = ctx.where("dma_copy", name)
     dst, src = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(src, w, "src")
     checks.dma(dst, src, w)
     if ctx.numerics:
-        ctx.write(dst, ctx.read(src, "dma_copy", name, "src").reshape(dst.shape))
+        data = ctx.read(src, "dma_copy", name, "src")
+        if src.dtype != dst.dtype:
+            data = _f32(data)
+        ctx.write(dst, data.reshape(dst.shape))
     return _done("dma_copy", name, ctx.issue_dma("dma_copy", name, src.nbytes, [src], [dst]))
 
 
@@ -314,3 +307,56 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
             ctx.write(reduce_res, red(flat, axis=1).reshape(reduce_res.shape))
     dur = rates.elementwise_seconds(checks.free_size(data))
     return _done("activation", name, ctx.issue("activation", name, "Scalar", dur, reads, writes))
+
+
+# --- registers ("nki.isa.register_alloc" and siblings; see ``registers``) --------------------
+VirtualRegister = _registers.VirtualRegister
+
+
+def register_alloc(x=None):
+    """A new engine register, holding ``x`` (an int) or unset (None)."""
+    if isinstance(x, VirtualRegister):
+        raise ConstraintError("nisa.register_alloc: x must be an int or None; copy a register with "
+                              "nisa.register_move")
+    return VirtualRegister(None if x is None else int(x))
+
+
+def register_move(dst, src):
+    """``dst = src``: a compile-time int or another register."""
+    _reg_arg(dst, "register_move", "dst").set(_registers.runtime_int(src, "register_move src"))
+
+
+def register_load(dst, src):
+    """Load the one 32-bit value of ``src`` (an HBM or SBUF tensor of one element) into ``dst``."""
+    ctx = _ctx("register_load")
+    w = ctx.where("register_load")
+    reg = _reg_arg(dst, "register_load", "dst")
+    src = checks.tensor_arg(src, w, "src")
+    if src.size != 1 or src.dtype.itemsize > 4 or src.buffer is MemoryRegion.psum:
+        raise ConstraintError(f"{w}: src must be one element of at most 32 bits in HBM or SBUF, got shape "
+                              f"{src.shape} {src.dtype.name} in {src.buffer.name}")
+    ctx.issue("register_load", None, "Sync", rates.elementwise_seconds(1), [src], [])
+    if ctx.numerics:
+        reg.set(int(np.asarray(ctx.read(src, "register_load", None, "src")).reshape(-1)[0]))
+    else:
+        reg.set(0)  # schedule-only run: no data; the value only moves dynamic views (boxes are whole tensors)
+
+
+def register_store(dst, src):
+    """Store register ``src`` into ``dst`` (an HBM or SBUF tensor of one element)."""
+    ctx = _ctx("register_store")
+    w = ctx.where("register_store")
+    reg = _reg_arg(src, "register_store", "src")
+    dst = checks.tensor_arg(dst, w, "dst")
+    if dst.size != 1 or dst.buffer is MemoryRegion.psum:
+        raise ConstraintError(f"{w}: dst must be one element in HBM or SBUF, got shape {dst.shape} in "
+                              f"{dst.buffer.name}")
+    if ctx.numerics:
+        ctx.write(dst, np.array(reg.value("register_store src")).reshape(dst.shape))
+    ctx.issue("register_store", None, "Sync", rates.elementwise_seconds(1), [], [dst])
+
+
+def _reg_arg(v, op: str, role: str) -> VirtualRegister:
+    if not isinstance(v, VirtualRegister):
+        raise ConstraintError(f"nisa.{op}: {role} must be a register from nisa.register_alloc, got {type(v).__name__}")
+    return v

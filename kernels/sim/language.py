@@ -17,6 +17,7 @@ import numpy as np
 from . import rates
 from .errors import ConstraintError, SimulatorError
 from .state import current as _current
+from .registers import VirtualRegister
 from .tensor import MemoryRegion, NkiTensor
 
 # --- dtypes (numpy / ml_dtypes); tfloat32 is simulated as float32 -------------------------
@@ -38,7 +39,7 @@ sbuf = MemoryRegion.sbuf
 psum = MemoryRegion.psum
 private_hbm = MemoryRegion.private_hbm
 shared_hbm = MemoryRegion.shared_hbm
-hbm = MemoryRegion.shared_hbm
+hbm = MemoryRegion.private_hbm  # "nki.language": hbm is an alias of private_hbm
 
 
 class NKIObject:
@@ -114,7 +115,9 @@ def empty_like(x, dtype=None, buffer=None, name=''):
 
 
 def ds(start, size):
-    """Dynamic slice ``start : start + size``."""
+    """Dynamic slice ``start : start + size``; ``start`` may be a register (a runtime offset)."""
+    if isinstance(start, VirtualRegister):
+        return slice(start, start + int(size))
     return slice(int(start), int(start) + int(size))
 
 

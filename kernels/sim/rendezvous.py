@@ -53,6 +53,7 @@ class Rendezvous:
         self._progress = progress
         self.symmetric = symmetric
         self._alive = set(participants)
+        self._participants = frozenset(participants)
         self._blocked: dict[Participant, tuple[tuple, str]] = {}
         self._pending: dict[tuple, dict[Participant, Deposit]] = {}
         self._done: dict[tuple, list] = {}
@@ -66,6 +67,10 @@ class Rendezvous:
                 self.error = exc
             self._cond.notify_all()
 
+    def is_blocked(self, who: Participant) -> bool:
+        """True while ``who`` waits in a collective (read without the lock: a report only)."""
+        return who in self._blocked
+
     def finish(self, who: Participant) -> None:
         with self._cond:
             self._alive.discard(who)
@@ -77,14 +82,19 @@ class Rendezvous:
         self._cond.notify_all()
         return exc
 
-    def exchange(self, deposit: Deposit, members: tuple[Participant, ...]) -> dict[Participant, Deposit]:
+    def exchange(self, deposit: Deposit, members: tuple[Participant, ...],
+                 on_complete: Callable[[dict[Participant, Deposit]], None] | None = None) -> dict[Participant, Deposit]:
         """Meet the other members of ``members`` at this participant's next call on that
-        sub-group; return every member's deposit."""
+        sub-group; return every member's deposit. ``on_complete`` runs once, by the last
+        member to arrive, before any member leaves."""
         me = deposit.who
-        if self.symmetric:
+        if self.symmetric and not self._participants.issuperset(members):
             if self.error is not None:
                 raise _Aborted()
-            return {m: deposit for m in members}
+            got = {m: deposit for m in members}
+            if on_complete is not None:
+                on_complete(got)
+            return got
         with self._cond:
             if self.error is not None:
                 raise _Aborted()
@@ -97,6 +107,8 @@ class Rendezvous:
             if len(entry) == len(members):
                 del self._pending[key]
                 self._check_match(entry, members, k)
+                if on_complete is not None:
+                    on_complete(entry)
                 if len(members) > 1:
                     self._done[key] = [entry, len(members) - 1]
                 self._cond.notify_all()
@@ -151,6 +163,6 @@ class Rendezvous:
                 clock[0], clock[1] = now, done  # a peer issued instructions: not a stall
         if now - clock[0] > self.timeout_s:
             raise self._fail(CollectiveMismatchError(
-                f"{_fmt(me)}, {deposit.desc}: blocked for more than {self.timeout_s:g} s in replica group "
-                f"{ranks} waiting for {', '.join(_fmt(m) for m in missing)}, which issued no instruction "
-                f"in that time"))
+                f"{_fmt(me)}, {deposit.desc}: blocked for {now - clock[0]:.1f} s (timeout_s={self.timeout_s:g}) "
+                f"in replica group {ranks} waiting for {', '.join(_fmt(m) for m in missing)}, which issued "
+                f"no instruction in that time"))

@@ -37,14 +37,16 @@ agree; if a collective then turns out asymmetric the run falls back to the full 
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import checks, rates
-from .context import CoreContext, SharedHbm
+from . import checks, rates, watchdog
+from .context import CoreContext
+from .lnc import SharedHbm
 from .errors import ConstraintError, SimulatorError, SymmetryError, _Aborted
 from .rates import LinkModel
 from .rendezvous import Rendezvous
@@ -73,19 +75,35 @@ class SimResult:
 
 
 class Kernel:
-    """What ``nki.jit`` returns: the kernel function plus its launch grid (``kernel[2]``)."""
+    """What ``nki.jit`` returns: the kernel function plus its launch grid.
 
-    def __init__(self, fn: Callable[..., Any], lnc: int = 1, options: Mapping[str, Any] | None = None) -> None:
-        self.fn, self.lnc, self.options = fn, lnc, dict(options or {})
+    ``kernel[2]`` launches two programs (LNC 2: the two physical cores of the rank);
+    ``kernel[a, b, ...]`` launches a * b * ... SPMD programs, ``nl.program_id(axis)`` giving
+    each its position on every axis ("nki.jit", "nki.language.program_id"). All programs of
+    a launch share the rank's shared_hbm (kernel inputs and outputs included).
+    """
+
+    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (1,),
+                 options: Mapping[str, Any] | None = None) -> None:
+        self.fn, self.grid, self.options = fn, grid, dict(options or {})
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
 
+    @property
+    def lnc(self) -> int:
+        """Programs per rank (the launch grid's size)."""
+        return math.prod(self.grid)
+
     def __getitem__(self, grid: Any) -> "Kernel":
-        g = grid[0] if isinstance(grid, tuple) else grid
-        if int(g) not in (1, 2):
-            raise ConstraintError(f"{self.__name__}[{grid}]: the simulator runs LNC 1 or 2")
-        return Kernel(self.fn, int(g), self.options)
+        dims = grid if isinstance(grid, tuple) else (grid,)
+        try:
+            g = tuple(int(d) for d in dims)
+        except (TypeError, ValueError):
+            raise ConstraintError(f"{self.__name__}[{grid!r}]: launch grid dimensions must be ints") from None
+        if not g or any(d < 1 for d in g):
+            raise ConstraintError(f"{self.__name__}[{grid!r}]: launch grid dimensions must be >= 1")
+        return Kernel(self.fn, g, self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current() is not None:
@@ -93,11 +111,13 @@ class Kernel:
         return simulate_kernel(self)(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<nki.jit kernel {self.__name__} lnc={self.lnc}>"
+        return f"<nki.jit kernel {self.__name__} grid={list(self.grid)}>"
 
 
 def jit(fn=None, **kwargs):
     """Decorator marking an NKI kernel (``@nki.jit`` or ``@nki.jit(...)``)."""
+    if isinstance(fn, Kernel):
+        return Kernel(fn.fn, fn.grid, {**fn.options, **kwargs})
     if fn is None:
         return lambda f: Kernel(f, options=kwargs)
     return Kernel(fn, options=kwargs)
@@ -105,9 +125,11 @@ def jit(fn=None, **kwargs):
 
 def simulate_kernel(kernel: Any) -> Callable[..., Any]:
     """``nki.simulate(kernel)(*numpy_args)``: one rank, numerics on, returns NumPy outputs."""
+    if not isinstance(kernel, Kernel):
+        kernel = Kernel(kernel)
+
     def run(*args: Any, **kwargs: Any) -> Any:
-        lnc = getattr(kernel, "lnc", 1)
-        return run_ranks(kernel, [args], lnc=lnc, kwargs=kwargs).outputs[0]
+        return run_ranks(kernel, [args], kwargs=kwargs).outputs[0]
     return run
 
 
@@ -154,11 +176,14 @@ def _uniform_args(args_per_rank: Sequence[Sequence[Any]]) -> str | None:
 
 
 def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: LinkModel | Mapping[int, LinkModel] | None = None,
-              numerics: bool = True, lnc: int = 1, sbuf_bytes_per_partition: int | None = None,
+              numerics: bool = True, lnc: int | None = None, sbuf_bytes_per_partition: int | None = None,
               timeout_s: float = 10.0, kwargs: Mapping[str, Any] | None = None,
               symmetric: bool | None = None) -> SimResult:
     """Run ``len(args_per_rank)`` ranks of ``kernel``; rank i gets ``args_per_rank[i]``.
 
+    ``lnc``: programs per rank (default: the kernel's launch grid, ``kernel[2]`` -> 2;
+    ``lnc=2`` launches a one-dimensional grid of 2). Array arguments, positional or keyword
+    (``kwargs``), become HBM tensors of the kernel; other values pass through.
     ``link``: LinkModel of every channel, or channel id -> LinkModel (default
     ``rates.DEFAULT_LINK``). ``numerics=False`` records the schedule and runs every check
     without allocating or computing data (arguments may be ``TensorSpec``).
@@ -166,7 +191,10 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     ``rates.SBUF_BYTES_PER_PARTITION['trn3']``). A rank waiting at a collective fails with
     CollectiveMismatchError at once when the collective cannot complete (mismatch, a peer
     that finished, deadlock), and after ``timeout_s`` seconds during which the peers it
-    waits for issued no instruction (a stall; busy peers never time out).
+    waits for issued no instruction (a stall; busy peers never time out). The whole run is
+    bounded the same way: when no rank has issued an instruction or finished for
+    ``timeout_s`` seconds (a rank stuck in its Python), the run fails naming the stalled
+    ranks, the line each is on and how long it has stalled.
     ``symmetric``: simulate rank 0 only and take the other ranks to be identical (True),
     every rank (False), or decide (None: symmetric for schedule-only runs whose ranks get
     equal arguments); see the module docstring for when this is exact.
@@ -174,6 +202,12 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     world = len(args_per_rank)
     if world < 1:
         raise SimulatorError("run_ranks needs at least one rank")
+    if lnc is None:
+        grid = kernel.grid if isinstance(kernel, Kernel) else (1,)
+    else:
+        if int(lnc) < 1:
+            raise ConstraintError(f"lnc must be >= 1, got {lnc}")
+        grid = (int(lnc),)
     why = _uniform_args(args_per_rank) if world > 1 else None
     if symmetric:
         if numerics:
@@ -187,22 +221,21 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
         symmetric = not numerics and world > 1 and why is None
     if symmetric:
         try:
-            return _run(kernel, args_per_rank, link, numerics, lnc, sbuf_bytes_per_partition, timeout_s,
+            return _run(kernel, args_per_rank, link, numerics, grid, sbuf_bytes_per_partition, timeout_s,
                         kwargs, symmetric=True)
         except SymmetryError:
             if not auto:
                 raise
-    return _run(kernel, args_per_rank, link, numerics, lnc, sbuf_bytes_per_partition, timeout_s, kwargs,
+    return _run(kernel, args_per_rank, link, numerics, grid, sbuf_bytes_per_partition, timeout_s, kwargs,
                 symmetric=False)
 
 
-def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numerics: bool, lnc: int,
+def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numerics: bool, grid: tuple[int, ...],
          sbuf_bytes_per_partition: int | None, timeout_s: float, kwargs: Mapping[str, Any] | None,
          symmetric: bool) -> SimResult:
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     world = len(args_per_rank)
-    if lnc not in (1, 2):
-        raise ConstraintError(f"lnc must be 1 or 2, got {lnc}")
+    lnc = math.prod(grid)
     if isinstance(link, LinkModel) or link is None:
         links, default_link = {}, link or rates.DEFAULT_LINK
     else:
@@ -213,13 +246,14 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
     contexts: dict[tuple[int, int], CoreContext] = {}
     rdv = Rendezvous(participants, timeout_s, progress=lambda who: contexts[who].timeline.issued,
                      symmetric=symmetric)
-    shared = {r: SharedHbm() for r in ranks}
+    shared = {r: SharedHbm(lnc) for r in ranks}
     contexts.update({(r, p): CoreContext(rank=r, program=p, lnc=lnc, world=world, numerics=numerics,
                                          sbuf_limit=sbuf_limit, links=links, default_link=default_link,
-                                         rendezvous=rdv, shared_hbm=shared[r]) for r, p in participants})
+                                         rendezvous=rdv, shared_hbm=shared[r], grid=grid)
+                     for r, p in participants})
     results: dict[tuple[int, int], Any] = {}
     errors: list[BaseException] = []
-    input_allocs: dict[int, list[Any]] = {}
+    input_allocs: dict[int, tuple[list[Any], dict[str, Any]]] = {}
     lock = threading.Lock()
 
     def body(who: tuple[int, int]) -> None:
@@ -229,13 +263,15 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
             rank, program = who
             with lock:
                 if rank not in input_allocs:
-                    input_allocs[rank] = [ctx.input_tensor(a, i) if _is_array_like(a) else a
-                                          for i, a in enumerate(args_per_rank[rank])]
-                args = input_allocs[rank]
-            for a in args:
+                    pos = [ctx.input_tensor(a, i) if _is_array_like(a) else a
+                           for i, a in enumerate(args_per_rank[rank])]
+                    kw = {k: ctx.input_tensor(v, k) if _is_array_like(v) else v for k, v in (kwargs or {}).items()}
+                    input_allocs[rank] = (pos, kw)
+                args, kw = input_allocs[rank]
+            for a in list(args) + list(kw.values()):
                 if isinstance(a, NkiTensor):
                     ctx.inputs.add(a.alloc.id)
-            out = fn(*args, **dict(kwargs or {}))
+            out = fn(*args, **kw)
             _check_outputs(out, ctx)
             results[who] = out
         except _Aborted:
@@ -248,18 +284,16 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
             rdv.finish(who)
             set_current(None)
 
-    if len(participants) == 1:
-        body(participants[0])
-    else:
-        threads = [threading.Thread(target=body, args=(p,), name=f"nki-rank{p[0]}-prog{p[1]}", daemon=True)
-                   for p in participants]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    threads = {p: threading.Thread(target=body, args=(p,), name=f"nki-rank{p[0]}-prog{p[1]}", daemon=True)
+               for p in participants}
+    for t in threads.values():
+        t.start()
+    watchdog.wait(threads, contexts, rdv, timeout_s)
     if errors:
         first = rdv.error if rdv.error is not None and rdv.error in errors else errors[0]
         raise first
+    if rdv.error is not None:
+        raise rdv.error
     if symmetric:
         reps = [contexts[(0, p)].timeline for p in range(lnc)]
         timeline = Timeline.from_cores(reps)
@@ -267,7 +301,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
         timeline.symmetric = True
         return SimResult(None, timeline, symmetric=True)
     timeline = Timeline.from_cores([contexts[p].timeline for p in participants])
-    # converted after every program finished: under LNC 2 both write the shared output
+    # converted after every program finished: the programs of a rank share the output
     outputs = [_to_numpy(results.get((r, 0)), contexts[(r, 0)]) for r in range(world)] if numerics else None
     return SimResult(outputs, timeline)
 

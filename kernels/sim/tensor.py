@@ -5,9 +5,12 @@ one buffer (SBUF, PSUM, private or shared HBM); every view (slicing, ``.ap()``) 
 element offset plus an access pattern ``[[stride, count], ...]`` over the allocation's
 row-major storage. On SBUF and PSUM, dim 0 of the allocation is the partition dim.
 
-Simulator conventions (the reference leaves them open): ``ap(offset=...)`` and
-``scalar_offset`` are element offsets added to the view's own offset; slices must lie
-inside the tensor (no clipping) and indices must be non-negative.
+``ap(offset=...)`` is an element offset added to the view's own offset, and
+``scalar_offset`` moves the view by that many strides of dim ``indirect_dim`` ("NkiTensor.ap").
+Dynamic offsets (registers, index tensors) are resolved when the view is made, and the
+dependency box of a dynamic view is the whole allocation (its address is not known ahead).
+Simulator convention (the reference leaves it open): slices must lie inside the tensor
+(no clipping) and indices must be non-negative.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConstraintError
+from .registers import VirtualRegister, runtime_int
 from .state import here
 
 
@@ -106,7 +110,7 @@ class NkiTensor:
     integer index. Both serve the dependency tracking of the timeline (``box``).
     """
 
-    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape")
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes")
 
     def __init__(self, alloc: Allocation, offset: int = 0,
                  pattern: tuple[tuple[int, int], ...] | None = None,
@@ -122,6 +126,7 @@ class NkiTensor:
         self._fixed = fixed
         self._box: tuple[tuple[int, int], ...] | None = None
         self._shape = tuple([c for _, c in pattern])
+        self.lanes: tuple[int, ...] | None = None  # every rank's offset (symmetric run, rank-dependent view)
 
     # --- attributes of the reference NkiTensor ---------------------------------------------
     @property
@@ -190,6 +195,8 @@ class NkiTensor:
         if len(key) < ndim:
             key = key + (slice(None),) * (ndim - len(key))
         offset, pattern, dims, fixed = self.offset, [], [], list(self._fixed)
+        dyn = False
+        lane_terms: list[tuple[int, ...]] = []
         for dim in range(ndim):
             k = key[dim]
             stride, count = self.pattern[dim]
@@ -197,8 +204,12 @@ class NkiTensor:
             tk = type(k)
             if tk is slice:
                 kstart, kstop, kstep = k.start, k.stop, k.step
-                start = 0 if kstart is None else int(kstart)
-                stop = count if kstop is None else int(kstop)
+                if isinstance(kstart, VirtualRegister) or isinstance(kstop, VirtualRegister):
+                    dyn = True
+                    if isinstance(kstart, VirtualRegister) and kstart.lanes is not None:
+                        lane_terms.append(tuple((v - kstart._value) * stride for v in kstart.lanes))
+                start = 0 if kstart is None else runtime_int(kstart, "slice start")
+                stop = count if kstop is None else runtime_int(kstop, "slice stop")
                 kstep = 1 if kstep is None else int(kstep)
                 if kstep <= 0 or start < 0 or stop > count or start >= stop:
                     raise ConstraintError(
@@ -209,6 +220,12 @@ class NkiTensor:
                 pattern.append((stride * kstep, n))
                 dims.append((ad, first + start * step, step * kstep) if ad >= 0 else (-1, 0, 1))
                 continue
+            if tk is VirtualRegister:
+                dyn = True
+                if k.lanes is not None:
+                    lane_terms.append(tuple((v - k._value) * stride for v in k.lanes))
+                k = k.value("register index")
+                tk = int
             idx = k if tk is int else _as_index(k)
             if idx is None:
                 raise ConstraintError(f"{here()}: unsupported index {k!r} on tensor {self.alloc.label()} "
@@ -220,27 +237,74 @@ class NkiTensor:
             offset += idx * stride
             if ad >= 0:
                 fixed.append((ad, first + idx * step))
-        return NkiTensor(self.alloc, offset, tuple(pattern), tuple(dims), tuple(fixed))
+        view = NkiTensor(self.alloc, offset, tuple(pattern), tuple(dims), tuple(fixed))
+        if dyn or self.lanes is not None:
+            view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
+            view._set_lanes(self, offset, lane_terms, "slice")
+        return view
 
-    def ap(self, pattern: Any, offset: int = 0, scalar_offset: Any = None, vector_offset: Any = None,
+    def _set_lanes(self, base: "NkiTensor", offset: int, terms: list[tuple[int, ...]], what: str) -> None:
+        """Every rank's offset of a rank-dependent view (symmetric runs), bounds-checked for each rank."""
+        lanes = None
+        if base.lanes is not None:
+            lanes = tuple(v - base.offset + offset for v in base.lanes)
+        for t in terms:
+            lanes = tuple((lanes[i] if lanes else offset) + d for i, d in enumerate(t))
+        if lanes is None:
+            return
+        span_lo = sum(min(0, s * (c - 1)) for s, c in self.pattern)
+        span_hi = sum(max(0, s * (c - 1)) for s, c in self.pattern)
+        for r, off in enumerate(lanes):
+            if off + span_lo < 0 or off + span_hi >= self.alloc.size:
+                raise ConstraintError(
+                    f"{here()}: {what} of tensor {self.alloc.label()} (shape {self.alloc.shape}) at a "
+                    f"rank-dependent offset reaches elements [{off + span_lo}, {off + span_hi}] outside its "
+                    f"{self.alloc.size} elements on rank {r}")
+        self.lanes = lanes
+
+    def ap(self, pattern: Any, offset: Any = None, scalar_offset: Any = None, vector_offset: Any = None,
            indirect_dim: int = 0, dtype: Any = None) -> "NkiTensor":
-        """Access-pattern view: ``pattern`` is [[stride, count], ...] (partition pair first on
-        SBUF/PSUM), ``offset`` and ``scalar_offset`` are element offsets from this view's
-        offset ("NKI Access Patterns" page)."""
-        if vector_offset is not None or dtype is not None:
-            raise ConstraintError(f"{here()}: .ap(vector_offset=..., dtype=...) is not simulated")
+        """Access-pattern view ("NkiTensor.ap", NKI 0.7): ``pattern`` is [[stride, count], ...]
+        (partition pair first on SBUF/PSUM) over the underlying storage; ``offset`` is an
+        element offset added to this view's offset (None: this view's offset unchanged);
+        ``scalar_offset`` (an int, a register, or a one-element tensor holding the index) moves
+        the view by ``scalar_offset * stride`` of dim ``indirect_dim`` of this view; ``dtype``
+        reinterprets the storage (only the tensor's own dtype is simulated)."""
+        w = here("NkiTensor.ap")
+        if vector_offset is not None:
+            raise NotImplementedError(f"{w}: ap(vector_offset=...) (per-partition indirect access, NKI 0.7) "
+                                      f"is not simulated")
+        if dtype is not None and np.dtype(dtype) != self.dtype:
+            raise NotImplementedError(f"{w}: ap(dtype={np.dtype(dtype).name}) reinterpreting a "
+                                      f"{self.dtype.name} tensor (NKI 0.7) is not simulated; only the tensor's "
+                                      f"own dtype is")
         pat = tuple((int(s), int(c)) for s, c in pattern)
         if any(c <= 0 for _, c in pat):
-            raise ConstraintError(f"{here()}: .ap pattern {list(map(list, pat))} has a count <= 0")
-        off = self.offset + int(offset) + (int(scalar_offset) if scalar_offset is not None else 0)
+            raise ConstraintError(f"{w}: pattern {list(map(list, pat))} has a count <= 0")
+        off = self.offset + (0 if offset is None else int(offset))
+        dynamic = scalar_offset is not None
+        lane_terms: list[tuple[int, ...]] = []
+        if dynamic:
+            if not 0 <= int(indirect_dim) < len(self.pattern):
+                raise ConstraintError(f"{w}: indirect_dim {indirect_dim} out of range for a view of "
+                                      f"{len(self.pattern)} dims (shape {self.shape})")
+            stride = self.pattern[int(indirect_dim)][0]
+            idx = dynamic_index(scalar_offset, w)
+            off += idx * stride
+            if isinstance(scalar_offset, VirtualRegister) and scalar_offset.lanes is not None:
+                lane_terms = [tuple((v - idx) * stride for v in scalar_offset.lanes)]
         lo = off + sum(min(0, s * (c - 1)) for s, c in pat)
         hi = off + sum(max(0, s * (c - 1)) for s, c in pat)
         if lo < 0 or hi >= self.alloc.size:
             raise ConstraintError(
-                f"{here()}: .ap(pattern={list(map(list, pat))}, offset={off}) reaches elements "
+                f"{w}: .ap(pattern={list(map(list, pat))}, offset={off}) reaches elements "
                 f"[{lo}, {hi}] outside tensor {self.alloc.label()} of {self.alloc.size} elements "
                 f"(shape {self.alloc.shape})")
-        return NkiTensor(self.alloc, off, pat)
+        view = NkiTensor(self.alloc, off, pat)
+        if (dynamic and not isinstance(scalar_offset, (int, np.integer))) or self.lanes is not None:
+            view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
+            view._set_lanes(self, off, lane_terms, ".ap")
+        return view
 
     def reshape(self, shape: Any) -> "NkiTensor":
         shape = tuple(int(s) for s in shape)
@@ -251,14 +315,20 @@ class NkiTensor:
         for n in reversed(shape):
             strides.append(acc)
             acc *= n
-        return NkiTensor(self.alloc, self.offset, tuple(zip(reversed(strides), shape)))
+        return self._same_lanes(NkiTensor(self.alloc, self.offset, tuple(zip(reversed(strides), shape))))
 
     def permute(self, dims: Any) -> "NkiTensor":
         dims = tuple(int(d) for d in dims)
         if sorted(dims) != list(range(self.ndim)):
             raise ConstraintError(f"{here()}: permute{dims} is not a permutation of {self.ndim} dims")
-        return NkiTensor(self.alloc, self.offset, tuple(self.pattern[d] for d in dims),
-                         tuple(self._dims[d] for d in dims), self._fixed)
+        return self._same_lanes(NkiTensor(self.alloc, self.offset, tuple(self.pattern[d] for d in dims),
+                                          tuple(self._dims[d] for d in dims), self._fixed))
+
+    def _same_lanes(self, view: "NkiTensor") -> "NkiTensor":
+        if self.lanes is not None:
+            view.lanes = self.lanes
+            view._box = tuple((0, n) for n in self.alloc.shape)
+        return view
 
     # --- data access (numerics mode) --------------------------------------------------------
     def _strided(self, flat: np.ndarray) -> np.ndarray:
@@ -323,3 +393,17 @@ def box_contains(outer: tuple[tuple[int, int], ...], inner: tuple[tuple[int, int
         if ilo < olo or ihi > ohi:
             return False
     return True
+
+
+def dynamic_index(v: Any, where: str) -> int:
+    """The runtime value of a dynamic index: an int, a register, or a one-element integer tensor."""
+    if isinstance(v, NkiTensor):
+        if v.size != 1:
+            raise ConstraintError(f"{where}: a dynamic index tensor must hold one element, got shape {v.shape}")
+        if v.alloc.data is None:
+            return 0  # schedule-only run: no data; the view's box covers the whole tensor
+        if not v.written_mask().all():
+            from .errors import UninitializedReadError
+            raise UninitializedReadError(f"{where}: dynamic index tensor {v.alloc.label()} was never written")
+        return int(np.asarray(v.array()).reshape(-1)[0])
+    return runtime_int(v, "dynamic index")

@@ -179,6 +179,16 @@ class CoreTimeline:
         self.occupy("DMA", data_start, end, op, name)
         return t0, end
 
+    def dma_traffic(self, earliest: float, nbytes: int, op: str, name: str | None) -> float:
+        """Collective traffic of ``nbytes`` sent by this core's DMA engines from ``earliest``:
+        it takes the same shared DMA bandwidth (and HBM port) as the compute DMAs, in the
+        first free interval; returns when it is done."""
+        duration = rates.dma_transfer_seconds(nbytes)
+        start = self._bandwidth_slot(earliest, duration)
+        self.busy["DMA"] = self.busy.get("DMA", 0.0) + duration
+        self.intervals.setdefault("DMA", []).append((start, start + duration))
+        return start + duration
+
     def _bandwidth_slot(self, earliest: float, duration: float) -> float:
         """Book the first interval of ``duration`` at or after ``earliest`` in which the DMA
         bandwidth is free; return its start."""

@@ -111,20 +111,40 @@ def test_all_to_all(case: tuple[int, list[list[int]]]) -> None:
         np.testing.assert_array_equal(res.outputs[r], np.stack([xs[m][k] for m in lst]))
 
 
+def list_positions(groups: list[list[int]]) -> np.ndarray:
+    """[1, world] int32: each rank's position in its rank-list (a kernel input table)."""
+    world = sum(len(g) for g in groups)
+    table = np.zeros((1, world), np.int32)
+    for g in groups:
+        for k, r in enumerate(g):
+            table[0, r] = k
+    return table
+
+
+def position_of(rank_reg, table):
+    """Register holding the list position of the rank in ``rank_reg``: a dynamic load from the
+    position table, as a compiled kernel would do it (a register cannot index a Python list)."""
+    slot = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=slot, src=table.ap([[1, 1], [1, 1]], scalar_offset=rank_reg, indirect_dim=1))
+    k = nisa.register_alloc()
+    nisa.register_load(k, slot)
+    return k
+
+
 @nki.jit
-def ring_all_gather(x, groups, channel=0):
-    """All-gather by n-1 implicit permutes; chunk placement from current_processing_rank_id."""
+def ring_all_gather(x, table, groups, channel=0):
+    """All-gather by n-1 implicit permutes; chunk placement from current_processing_rank_id,
+    its list position loaded into a register and used as a dynamic offset."""
     g = ncc.ReplicaGroup(groups)
-    n = len(next(lst for lst in groups if ncc.rank_id() in lst))
+    n = len(groups[0])
     rows, cols = x.shape
     out = nl.ndarray((n * rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     bufs = [nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.private_hbm) for _ in range(2)]
     nisa.dma_copy(dst=bufs[0], src=x)
-    lst = next(lst for lst in groups if ncc.rank_id() in lst)
     for i in range(n):
         held = ncc.collective_permute_implicit_current_processing_rank_id(i, g, channel_id=channel)
-        k = lst.index(held)
-        nisa.dma_copy(dst=out[k * rows:(k + 1) * rows, :], src=bufs[i % 2])
+        k = position_of(held, table)
+        nisa.dma_copy(dst=out.ap([[cols, rows], [1, cols]], scalar_offset=k * rows, indirect_dim=0), src=bufs[i % 2])
         if i < n - 1:
             ncc.collective_permute_implicit(srcs_by_channel=[[bufs[i % 2]]], dsts_by_channel=[[bufs[(i + 1) % 2]]],
                                             replica_group=g, channel_ids=[channel])
@@ -136,7 +156,8 @@ def ring_all_gather(x, groups, channel=0):
 def test_implicit_permute_ring_all_gather(case: tuple[int, list[list[int]]], channel: int) -> None:
     n, groups = case
     xs = inputs(n, 2)
-    res = run_ranks(ring_all_gather, [(x,) for x in xs], kwargs=dict(groups=groups, channel=channel))
+    table = list_positions(groups)
+    res = run_ranks(ring_all_gather, [(x, table) for x in xs], kwargs=dict(groups=groups, channel=channel))
     for r in range(n):
         np.testing.assert_array_equal(res.outputs[r], np.concatenate([xs[m] for m in my_list(groups, r)]))
 
@@ -174,15 +195,15 @@ def test_implicit_permute_follows_list_order_on_both_channels(case: tuple[int, l
 
 
 @nki.jit
-def ring_reduce_scatter(x, groups):
+def ring_reduce_scatter(x, table, groups):
     """Reduce-scatter along the ring with collective_permute_implicit_reduce.
 
     At step i rank k adds its own chunk of the rank processed next and forwards; after n-1
-    steps it holds the full sum of chunk (k+1) mod n... placed by current_processing_rank_id.
+    steps it holds the sum of every other rank's copy of its own chunk, placed by
+    current_processing_rank_id (list positions loaded into registers from ``table``).
     """
     g = ncc.ReplicaGroup(groups)
-    lst = next(lst for lst in groups if ncc.rank_id() in lst)
-    n = len(lst)
+    n = len(groups[0])
     rows, cols = x.shape
     c = rows // n
     xin = nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.private_hbm)
@@ -190,19 +211,20 @@ def ring_reduce_scatter(x, groups):
     acc = [nl.ndarray((c, cols), dtype=x.dtype, buffer=nl.private_hbm) for _ in range(2)]
     zero = nl.zeros((c, cols), dtype=x.dtype, buffer=nl.private_hbm)
     partial = zero
+    chunk = [[cols, c], [1, cols]]
     for i in range(n - 1):
         # the chunk that travels: rank at list position (k - i - 1) owns the final sum
-        owner = ncc.collective_permute_implicit_current_processing_rank_id(i + 1, g)
-        j = lst.index(owner)
-        ncc.collective_permute_implicit_reduce(srcs0_by_channel=[[partial]], srcs1_by_channel=[[xin[j * c:(j + 1) * c, :]]],
-                                               dsts_by_channel=[[acc[i % 2]]], replica_group=g, op=nl.add)
+        j = position_of(ncc.collective_permute_implicit_current_processing_rank_id(i + 1, g), table)
+        ncc.collective_permute_implicit_reduce(
+            srcs0_by_channel=[[partial]], srcs1_by_channel=[[xin.ap(chunk, scalar_offset=j * c, indirect_dim=0)]],
+            dsts_by_channel=[[acc[i % 2]]], replica_group=g, op=nl.add)
         partial = acc[i % 2]
-    k = lst.index(ncc.rank_id())
+    k = position_of(ncc.rank_id(), table)
     final = nl.ndarray((c, cols), dtype=x.dtype, buffer=nl.private_hbm)
     sb_a = nl.ndarray((c, cols), dtype=x.dtype, buffer=nl.sbuf)
     sb_b = nl.ndarray((c, cols), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sb_a, src=partial)
-    nisa.dma_copy(dst=sb_b, src=xin[k * c:(k + 1) * c, :])
+    nisa.dma_copy(dst=sb_b, src=xin.ap(chunk, scalar_offset=k * c, indirect_dim=0))
     nisa.tensor_tensor(dst=sb_a, data1=sb_a, data2=sb_b, op=nl.add)
     out = nl.ndarray((c, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=final, src=sb_a)
@@ -215,7 +237,7 @@ def test_implicit_permute_reduce_ring_reduce_scatter(case: tuple[int, list[list[
     n, groups = case
     gsize = len(groups[0])
     xs = inputs(n, gsize)
-    res = run_ranks(ring_reduce_scatter, [(x,) for x in xs], kwargs=dict(groups=groups))
+    res = run_ranks(ring_reduce_scatter, [(x, list_positions(groups)) for x in xs], kwargs=dict(groups=groups))
     for r in range(n):
         lst = my_list(groups, r)
         k = lst.index(r)

@@ -1,0 +1,99 @@
+"""The programs of one logical core (LNC 2, or an SPMD grid): shared HBM and their ordering.
+
+Hardware ("nki.isa.core_barrier", "nki.isa.sendrecv", "Logical NeuronCore configuration"):
+the two physical cores of an LNC 2 rank run their instruction streams independently and
+share the HBM stack; a shared_hbm tensor is one allocation both address. Nothing orders
+an access of one core after an access of the other except a synchronisation:
+``core_barrier`` (each core signals a semaphore on the other and waits for the other's)
+and ``sendrecv`` (the pair of transfers completes together). Without one, a core that reads
+what the other writes (or writes what the other reads or writes) races: on the device the
+result depends on timing.
+
+The simulator makes every run deterministic by refusing such races instead of resolving
+them by thread timing: in numerics mode each shared allocation keeps, per element, which
+programs wrote and read it since the last synchronisation of the rank's programs, and an
+access that conflicts with another program's access in that interval raises
+``RaceError`` naming both programs and instructions, whichever thread comes first. Data
+therefore crosses between programs only through a barrier (or sendrecv), as on the
+device, and never depends on the interleaving of the Python threads. Schedule-only runs
+(numerics=False) move no data and check no races.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from .errors import ConstraintError
+from .tensor import Allocation, MemoryRegion, NkiTensor
+
+
+class RaceError(ConstraintError):
+    """Two programs of one rank accessed the same shared_hbm elements, at least one writing,
+    with no core_barrier / sendrecv between them."""
+
+
+class SharedHbm:
+    """shared_hbm allocations of one logical rank, seen by all its programs: the k-th
+    shared_hbm allocation of each program is the same tensor; plus the race record."""
+
+    def __init__(self, programs: int) -> None:
+        self.programs = programs
+        self._lock = threading.Lock()
+        self._allocs: dict[int, Allocation] = {}
+        self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, dict]] = {}
+
+    def get_or_create(self, k: int, make: Any) -> Allocation:
+        with self._lock:
+            if k not in self._allocs:
+                self._allocs[k] = make()
+            return self._allocs[k]
+
+    def track(self, alloc: Allocation) -> None:
+        """Record accesses of ``alloc`` (a tensor every program of the rank addresses)."""
+        if self.programs > 1 and alloc.data is not None:
+            with self._lock:
+                if alloc.id not in self._tracked:
+                    z = np.zeros(alloc.size, dtype=np.uint8)
+                    self._tracked[alloc.id] = (alloc, z, z.copy(), {})
+
+    def access(self, program: int, label: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
+        """Check and record one instruction's accesses of tracked tensors."""
+        if not self._tracked:
+            return
+        bit = np.uint8(1 << program)
+        with self._lock:
+            for views, writing in ((reads, False), (writes, True)):
+                for v in views:
+                    entry = self._tracked.get(v.alloc.id)
+                    if entry is None:
+                        continue
+                    _, wmask, rmask, who = entry
+                    w, r = v._strided(wmask), v._strided(rmask)
+                    other = (w | r) if writing else w
+                    clash = np.bitwise_and(other, np.uint8(~bit & 0xFF))
+                    if clash.any():
+                        first = tuple(int(i) for i in np.argwhere(clash)[0])
+                        peer = int(np.log2(int(clash[first]) & -int(clash[first])))
+                        what = "writes" if writing else "reads"
+                        raise RaceError(
+                            f"program {program}, {label}: {what} elements of shared_hbm tensor "
+                            f"{v.alloc.label()} (first at view index {first}) that program {peer} "
+                            f"{who.get(peer, 'accessed')} with no nisa.core_barrier or nisa.sendrecv "
+                            f"between them: on the device the result depends on timing")
+                    (w if writing else r)[...] |= bit
+                    who[program] = f"{'wrote' if writing else 'read'} in {label}"
+
+    def synchronised(self) -> None:
+        """Every program passed a barrier: earlier accesses are ordered before later ones."""
+        with self._lock:
+            for _, wmask, rmask, who in self._tracked.values():
+                wmask.fill(0)
+                rmask.fill(0)
+                who.clear()
+
+
+def is_shared(v: NkiTensor) -> bool:
+    return v.buffer is MemoryRegion.shared_hbm

@@ -1,0 +1,68 @@
+"""Bounding a run in time: the caller waits for the rank threads, never forever.
+
+A rank stuck in its own Python (an endless loop, a sleep, a lock) issues no instruction.
+``wait`` joins the threads and fails the run once no participant has issued an
+instruction or finished for ``timeout_s`` seconds, naming each stalled participant, the
+kernel line it is executing (from its thread's current frame) and the measured length of
+the stall (reported GRACE_S after timeout_s, so that a rank waiting at a collective for the
+stalled one reports first, naming the collective). Participants blocked in a collective are reported by the rendezvous itself.
+The stalled threads are daemons and are left behind; the run's rendezvous is aborted so
+that every other thread stops at its next instruction or collective.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from .errors import SimulatorError
+
+POLL_S = 0.05
+GRACE_S = 0.5  # a rank waiting in a collective reports the stall itself, with the collective named
+
+
+class StallError(SimulatorError):
+    """No rank made progress for the run's timeout."""
+
+
+def _innermost_user_frame(thread: threading.Thread) -> str:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "trnopt/kernels/sim/" not in name and "/threading.py" not in name:
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "an unknown line"
+
+
+def wait(threads: dict[Any, threading.Thread], contexts: dict[Any, Any], rdv: Any, timeout_s: float) -> None:
+    """Join ``threads``; raise StallError after ``timeout_s`` seconds without progress."""
+    def progress() -> int:
+        return sum(c.timeline.issued for c in contexts.values()) + sum(not t.is_alive() for t in threads.values())
+
+    last, since = progress(), time.monotonic()
+    while True:
+        alive = [p for p, t in threads.items() if t.is_alive()]
+        if not alive:
+            return
+        threads[alive[0]].join(POLL_S)
+        now, seen = time.monotonic(), progress()
+        if seen != last:
+            last, since = seen, now
+            continue
+        if rdv.error is not None:
+            # a failure was reported; give the others a moment to stop, then leave them
+            if now - since > min(timeout_s, 1.0):
+                return
+            continue
+        if now - since > timeout_s + GRACE_S:
+            stalled = [p for p in alive if not rdv.is_blocked(p)]
+            lines = [f"  rank {p[0]}" + (f" (program {p[1]})" if p[1] else "") + f" at "
+                     f"{_innermost_user_frame(threads[p])}" for p in stalled or alive]
+            err = StallError(
+                f"no rank issued an instruction for {now - since:.1f} s (timeout_s={timeout_s:g}); "
+                f"stalled in kernel code:\n" + "\n".join(lines))
+            rdv.abort(err)
+            raise err
