@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.layout import DIMS, Layout
-from trnopt.optimizer.model.target import Target, load_target
+from trnopt.optimizer.model.bounds import MAX_DOMAINS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ
+from trnopt.optimizer.model.inputfile import parse_json, read_text
+from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.target import Target, check_domains, load_target
+from trnopt.optimizer.model.tomlcheck import Table
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 
@@ -16,7 +18,7 @@ def layout_dict(layout: Layout) -> dict:
     return {
         "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp": layout.cp,
         "zero": layout.zero, "recompute": layout.recompute, "micro_batch": layout.micro_batch,
-        "interleave": layout.interleave, "lnc": layout.lnc,
+        "interleave": layout.interleave, "lnc": layout.lnc, "dp_replicate": layout.dp_replicate,
         "placement": {d: {a.name: f for a, f in zip(layout.axes, row) if f > 1}
                       for d, row in zip(DIMS, layout.placement)},
     }
@@ -29,35 +31,66 @@ def problem_dict(target_ref: str, model_ref: str, workload: Workload, domains: i
 
 
 def read_layout(path: str) -> tuple[Target, Workload, Layout]:
-    """Read a layout file back into the target, the workload and a validated Layout."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, "-", "file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(path, "-", f"not valid JSON ({exc})") from None
+    """Read a layout file back into the target, the workload and a validated Layout.
+
+    The file is the JSON `trnopt solve --json` (or `evaluate --json`) writes; only its
+    ``problem`` and ``layout`` objects are read, and every key of those is checked: integers
+    are JSON integers (not 4.9, "4" or true) in range, unknown keys are errors, the placement
+    names the dimensions and the target's axes, and the layout must tile the machine and
+    run the model and batch it names (heads, layers, experts, sequence, global batch).
+    """
+    data = parse_json(path, read_text(path, "--layout"))
     if not isinstance(data, dict) or not isinstance(data.get("layout"), dict):
         raise InputError(path, "layout", "missing: expected the JSON that `trnopt solve --json` writes")
-    problem, lay = data.get("problem", {}), data["layout"]
-    for key in ("target", "model", "domains"):
-        if key not in problem:
-            raise InputError(path, f"problem.{key}", "missing required key")
+    problem, lay = Table(data.get("problem"), path, "problem"), Table(data["layout"], path, "layout")
+    target = _load(path, problem, "target", load_target)
+    model = _load(path, problem, "model", load_model)
     try:
-        target = load_target(problem["target"])
-        workload = Workload(load_model(problem["model"]),
-                            Training(seq=int(problem.get("seq", 8192)), global_batch=int(problem.get("global_batch", 1024))))
-        lnc, domains = int(lay["lnc"]), int(problem["domains"])
-        axes = target.axes(lnc, domains)
-        placement = lay["placement"]
-        rows = tuple(tuple(int(placement.get(d, {}).get(a.name, 1)) for a in axes) for d in DIMS)
-        layout = Layout(tp=int(lay["tp"]), pp=int(lay["pp"]), dp=int(lay["dp"]), ep=int(lay.get("ep", 1)),
-                        cp=int(lay.get("cp", 1)), zero=int(lay["zero"]), recompute=str(lay["recompute"]),
-                        micro_batch=int(lay["micro_batch"]), interleave=int(lay.get("interleave", 1)), lnc=lnc,
-                        axes=axes, placement=rows)
+        training = Training(seq=problem.int("seq", 8192, maximum=MAX_SEQ),
+                            global_batch=problem.int("global_batch", 1024, maximum=MAX_GLOBAL_BATCH))
     except InputError as exc:
-        raise InputError(path, f"layout.{exc.key}" if exc.source == "layout" else exc.key, exc.rule) from None
-    except KeyError as exc:
-        raise InputError(path, f"layout.{exc.args[0]}", "missing required key") from None
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise InputError(path, "layout", f"malformed value ({exc})") from None
+        raise InputError(path, f"problem.{exc.key}", exc.rule) from None
+    domains = problem.int("domains", maximum=MAX_DOMAINS)
+    check_domains(target, domains, path, "problem.domains")
+    lnc = lay.int("lnc", maximum=target.chip.physical_cores)
+    if lnc not in target.chip.lnc_allowed:
+        raise lay.fail("lnc", f"LNC={lnc} is not allowed on {target.name} "
+                       f"(allowed: {', '.join(map(str, target.chip.lnc_allowed))})")
+    axes = target.axes(lnc, domains)
+    ranks = target.ranks(lnc, domains)
+    degree = {"maximum": ranks}
+    placement = lay.table("placement")
+    rows = []
+    for dim in DIMS:
+        row = placement.table(dim, {})
+        rows.append(tuple(row.int(a.name, 1, maximum=a.size) for a in axes))
+    kwargs = dict(tp=lay.int("tp", **degree), pp=lay.int("pp", **degree), dp=lay.int("dp", **degree),
+                  ep=lay.int("ep", 1, **degree), cp=lay.int("cp", 1, **degree),
+                  zero=lay.int("zero", minimum=0, maximum=3), recompute=lay.choice("recompute", RECOMPUTE),
+                  micro_batch=lay.int("micro_batch", maximum=MAX_GLOBAL_BATCH),
+                  interleave=lay.int("interleave", 1, maximum=MAX_LAYERS),
+                  dp_replicate=lay.int("dp_replicate", 1, **degree))
+    problem.check_unknown()
+    lay.check_unknown()
+    try:
+        layout = Layout(lnc=lnc, axes=axes, placement=tuple(rows), **kwargs)
+    except InputError as exc:
+        raise InputError(path, f"layout.{exc.key}", exc.rule) from None
+    workload = Workload(model, training)
+    problems = layout.workload_problems(workload)
+    if problems:
+        raise InputError(path, "layout", f"does not run {model.name} with global batch {training.global_batch}: "
+                         f"{problems[0]}")
     return target, workload, layout
+
+
+def _load(path: str, problem: Table, key: str, load):
+    """The target or model a layout names: a built-in name, a path, or a path next to the layout file."""
+    ref = problem.str(key, nonempty=True)
+    beside = Path(path).parent / ref
+    if ref.endswith(".toml") and not Path(ref).exists() and beside.exists():
+        ref = str(beside)
+    try:
+        return load(ref)
+    except InputError as exc:
+        raise InputError(path, f"problem.{key}", str(exc)) from None

@@ -14,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.tomlcheck import Table, read_toml
+from trnopt.optimizer.model import bounds as B
+from trnopt.optimizer.model.tomlcheck import Table, closest, read_toml
 
 GB = 1e9
 GIB = 2**30
@@ -118,7 +119,7 @@ class Target:
         rank count is the product of their sizes.
         """
         if lnc not in self.chip.lnc_allowed:
-            raise InputError(self.source, "chip.lnc_allowed", f"LNC={lnc} is not allowed on {self.name} "
+            raise InputError("--lnc", "lnc", f"LNC={lnc} is not allowed on {self.name} "
                              f"(allowed: {', '.join(map(str, self.chip.lnc_allowed))})")
         cores = Axis("core", self.chip.logical_cores(lnc), "core", self.chip.on_chip_bandwidth, 0.0)
         out = Axis(self.scale_out.name, domains, "scale_out", self.scale_out.bandwidth, self.scale_out.latency)
@@ -128,16 +129,29 @@ class Target:
         return self.chip.logical_cores(lnc) * self.chips_per_domain * domains
 
 
+def check_domains(target: Target, domains: int, source: str, key: str) -> None:
+    """A job of ``domains`` domains: at least one, and at most bounds.MAX_CHIPS chips in all."""
+    if isinstance(domains, bool) or not isinstance(domains, int) or domains < 1:
+        raise InputError(source, key, f"must be an integer >= 1, got {domains!r}")
+    if domains > B.MAX_CHIPS // target.chips_per_domain:
+        raise InputError(source, key, f"{domains:,} {target.name} domains are {domains * target.chips_per_domain:,} "
+                         f"chips; trnopt plans at most {B.MAX_CHIPS:,} chips "
+                         f"({B.MAX_CHIPS // target.chips_per_domain:,} domains)")
+
+
 def load_target(name_or_path: str) -> Target:
     """Load a built-in target by name (``trn2u``) or a user's TOML file by path."""
     if name_or_path in BUILTIN_TARGETS:
         text = resources.files("trnopt.targets").joinpath(f"machines/{name_or_path}.toml").read_text("utf-8")
         return parse_target(read_toml(f"{name_or_path}.toml", text), f"targets/{name_or_path}.toml")
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise InputError(repr(name_or_path), "--target", f"empty; built-in targets are {', '.join(BUILTIN_TARGETS)}, "
+                         "or give a .toml path")
     path = Path(name_or_path)
     if path.suffix != ".toml" and not path.exists():
-        raise InputError(name_or_path, "--target",
-                         f"unknown target; built-in targets are {', '.join(BUILTIN_TARGETS)}, or give a .toml path")
-    return parse_target(read_toml(path), str(path))
+        raise InputError(name_or_path, "--target", f"unknown target; built-in targets are "
+                         f"{', '.join(BUILTIN_TARGETS)}, or give a .toml path{closest(name_or_path, BUILTIN_TARGETS)}")
+    return parse_target(read_toml(name_or_path), name_or_path)
 
 
 def parse_target(data: dict, source: str) -> Target:
@@ -145,10 +159,12 @@ def parse_target(data: dict, source: str) -> Target:
 
     Units in the file: GiB for memory, GB/s for bandwidths (GB = 1e9 B), Gbps per instance
     for the scale-out network, TFLOPS, microseconds, hours, minutes. Unknown keys are errors.
+    Every figure is held to its physical range (bounds.py), and the runtime reserve to
+    less than the HBM.
     """
     root = Table(data, source)
     chip_t = root.table("chip")
-    cores = chip_t.int("physical_cores")
+    cores = chip_t.int("physical_cores", maximum=B.MAX_PHYSICAL_CORES)
     lnc_allowed = chip_t.int_list("lnc_allowed")
     for lnc in lnc_allowed:
         if cores % lnc:
@@ -161,22 +177,29 @@ def parse_target(data: dict, source: str) -> Target:
         physical_cores=cores,
         lnc_default=lnc_default,
         lnc_allowed=lnc_allowed,
-        hbm_bytes=_scaled(chip_t, "hbm_gib", GIB),
-        hbm_bandwidth=_scaled(chip_t, "hbm_bandwidth_gbs", GB),
-        bf16_flops=_scaled(chip_t, "bf16_tflops", 1e12),
-        fp8_flops=_scaled(chip_t, "fp8_tflops", 1e12),
-        sbuf_bytes_per_partition=chip_t.int("sbuf_kib_per_partition") * 1024,
-        on_chip_bandwidth=_scaled(chip_t, "on_chip_bandwidth_gbs", GB),
+        hbm_bytes=_scaled(chip_t, "hbm_gib", GIB, B.HBM_GIB),
+        hbm_bandwidth=_scaled(chip_t, "hbm_bandwidth_gbs", GB, B.HBM_BANDWIDTH_GBS),
+        bf16_flops=_scaled(chip_t, "bf16_tflops", 1e12, B.TFLOPS),
+        fp8_flops=_scaled(chip_t, "fp8_tflops", 1e12, B.TFLOPS),
+        sbuf_bytes_per_partition=chip_t.int("sbuf_kib_per_partition", maximum=B.MAX_SBUF_KIB) * 1024,
+        on_chip_bandwidth=_scaled(chip_t, "on_chip_bandwidth_gbs", GB, B.ON_CHIP_GBS),
     )
     axes = []
-    for t in root.tables("axes"):
-        axes.append(Axis(t.str("name", nonempty=True), t.int("size"), t.choice("kind", DOMAIN_AXIS_KINDS),
-                         _scaled(t, "bandwidth_gbs", GB), _scaled(t, "latency_us", 1e-6, positive=False)))
+    tables = root.tables("axes")
+    if len(tables) > 16:
+        raise root.fail("axes", f"{len(tables)} axes; a scale-up domain has at most 16")
+    for t in tables:
+        axes.append(Axis(t.str("name", nonempty=True), t.int("size", maximum=B.MAX_AXIS_SIZE),
+                         t.choice("kind", DOMAIN_AXIS_KINDS), _scaled(t, "bandwidth_gbs", GB, B.LINK_GBS),
+                         _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False)))
     names = [a.name for a in axes]
     if len(set(names)) != len(names) or {"core"} & set(names):
         raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
     chips_per_domain = math.prod(a.size for a in axes)
-    per_instance = root.int("chips_per_instance")
+    if chips_per_domain > B.MAX_CHIPS_PER_DOMAIN:
+        raise root.fail("axes", f"the axes multiply to {chips_per_domain:,} chips per domain; "
+                        f"at most {B.MAX_CHIPS_PER_DOMAIN:,}")
+    per_instance = root.int("chips_per_instance", maximum=B.MAX_CHIPS_PER_DOMAIN)
     if chips_per_domain % per_instance:
         raise root.fail("chips_per_instance", f"{per_instance} does not divide the {chips_per_domain} chips "
                         f"that the axes multiply to ({' x '.join(str(a.size) for a in axes)})")
@@ -187,8 +210,8 @@ def parse_target(data: dict, source: str) -> Target:
     if net_name in names or net_name == "core":
         raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
     scale_out = Axis(net_name, 1, "scale_out",
-                     _scaled(net, "bandwidth_gbps_per_instance", GB / 8) / per_instance,
-                     _scaled(net, "latency_us", 1e-6, positive=False))
+                     _scaled(net, "bandwidth_gbps_per_instance", GB / 8, B.SCALE_OUT_GBPS) / per_instance,
+                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False))
     rel = root.table("reliability")
     eff = root.table("efficiency")
     target = Target(
@@ -200,26 +223,28 @@ def parse_target(data: dict, source: str) -> Target:
         chip=chip,
         domain_axes=tuple(axes),
         scale_out=scale_out,
-        reliability=Reliability(_scaled(rel, "instance_mtbf_hours", 3600),
-                                _scaled(rel, "checkpoint_gbs_per_instance", GB),
-                                _scaled(rel, "restart_minutes", 60, positive=False)),
-        efficiency=Efficiency(_share(eff, "max_matmul"), eff.number("half_width")),
-        runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, positive=False),
+        reliability=Reliability(_scaled(rel, "instance_mtbf_hours", 3600, B.MTBF_HOURS),
+                                _scaled(rel, "checkpoint_gbs_per_instance", GB, B.CHECKPOINT_GBS),
+                                _scaled(rel, "restart_minutes", 60, B.RESTART_MINUTES, positive=False)),
+        efficiency=Efficiency(_share(eff, "max_matmul"), eff.number("half_width", bounds=(B.HALF_WIDTH.lowest,
+                                                                                           B.HALF_WIDTH.highest))),
+        runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, B.HBM_GIB, positive=False),
     )
+    if target.runtime_reserve_bytes >= chip.hbm_bytes:
+        raise root.fail("runtime_reserve_gib", f"{target.runtime_reserve_bytes / GIB:g} GiB leaves nothing of "
+                        f"the {chip.hbm_bytes / GIB:g} GiB HBM (chip.hbm_gib)")
     root.check_unknown()
     return target
 
 
-def _scaled(table: Table, name: str, unit: float, positive: bool = True) -> float:
-    """``table[name] * unit`` (file units to SI), refused when the product overflows to infinity."""
-    value = table.number(name, positive=positive) * unit
-    if not math.isfinite(value):
-        raise table.fail(name, "too large")
-    return value
+def _scaled(table: Table, name: str, unit: float, bound: B.Bound, positive: bool = True) -> float:
+    """``table[name] * unit`` (file units to SI), the file's value inside its physical ``bound``."""
+    return table.number(name, positive=positive, bounds=(bound.lowest, bound.highest)) * unit
 
 
 def _share(table: Table, name: str) -> float:
+    """A share of peak: at least 1e-3 (a matrix engine at 0.1% of peak is no fit) and at most 1."""
     value = table.number(name)
-    if value > 1:
-        raise table.fail(name, f"must be in (0, 1], got {value:g}")
+    if not 1e-3 <= value <= 1:
+        raise table.fail(name, f"must be in [0.001, 1], got {value:g}")
     return value

@@ -8,34 +8,38 @@ key (``kv_head`` for ``kv_heads``) is an error rather than a silent default.
 
 from __future__ import annotations
 
-import tomllib
+import difflib
+import math
 from pathlib import Path
 from typing import Any
 
 from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.inputfile import parse_toml, read_text
 
 _MISSING = object()
 MAX_INT = 2**40  # sanity bound on every integer key: no size, count or width of a real machine or model is near it
+MAX_STR = 1024   # longest name or description: a line of text, not a file
+
+
+def _short(value: Any) -> str:
+    """A value for an error message: its repr, cut at 60 characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_toml(path: Path | str, text: str | None = None) -> dict[str, Any]:
-    """Parse a TOML file (or ``text`` attributed to ``path``); syntax errors become InputError."""
-    try:
-        if text is None:
-            text = Path(path).read_text(encoding="utf-8")
-        return tomllib.loads(text)
-    except FileNotFoundError:
-        raise InputError(path, "-", "file not found") from None
-    except IsADirectoryError:
-        raise InputError(path, "-", "is a directory, not a TOML file") from None
-    except UnicodeDecodeError:
-        raise InputError(path, "-", "not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(path, "-", f"not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise InputError(path, "-", f"cannot be read ({exc.strerror or exc})") from None
-    except ValueError as exc:  # e.g. a NUL character in the path
-        raise InputError(path, "-", f"not a usable path ({exc})") from None
+    """Parse a TOML file (or ``text`` attributed to ``path``) under the rules of inputfile.py."""
+    if text is None:
+        text = read_text(str(path), kind="TOML file")
+    return parse_toml(str(path), text[1:] if text.startswith("\ufeff") else text)
+
+
+def closest(name: str, known: set[str] | tuple[str, ...]) -> str:
+    """', did you mean X?' for the known name nearest a misspelt one, or ''."""
+    match = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 class Table:
@@ -62,7 +66,8 @@ class Table:
         """Fail on the first key of this table (or of a sub-table read through it) that no loader asked for."""
         for name in self.data:
             if name not in self._known:
-                raise self.fail(name, f"unknown key; this table takes {', '.join(sorted(self._known))}")
+                raise self.fail(name, f"unknown key; this table takes {', '.join(sorted(self._known))}"
+                                f"{closest(name, self._known)}")
         for child in self._children:
             child.check_unknown()
 
@@ -80,38 +85,48 @@ class Table:
             raise self.fail(name, f"must be a string, got {type(value).__name__}")
         if nonempty and not value.strip():
             raise self.fail(name, "must not be empty")
+        if not value.isprintable():
+            raise self.fail(name, "must not hold control characters (tab, newline, escape, ...)")
+        if len(value) > MAX_STR:
+            raise self.fail(name, f"{len(value):,} characters; at most {MAX_STR:,}")
         return value
 
     def bool(self, name: str, default: Any = _MISSING) -> bool:
         value = self._get(name, default)
         if not isinstance(value, bool):
-            raise self.fail(name, f"must be true or false, got {value!r}")
+            raise self.fail(name, f"must be true or false, got {_short(value)}")
         return value
 
-    def int(self, name: str, default: Any = _MISSING, minimum: int = 1) -> int:
+    def int(self, name: str, default: Any = _MISSING, minimum: int = 1, maximum: int = MAX_INT) -> int:
         value = self._get(name, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(name, f"must be an integer, got {value!r}")
+            raise self.fail(name, f"must be an integer, got {_short(value)}")
         if value < minimum:
-            raise self.fail(name, f"must be >= {minimum}, got {value}")
-        if value > MAX_INT:
-            raise self.fail(name, f"must be <= 2^40, got {value}")
+            raise self.fail(name, f"must be >= {minimum}, got {_short(value)}")
+        if value > maximum:
+            raise self.fail(name, f"must be <= {maximum:,}, got {_short(value)}")
         return value
 
-    def number(self, name: str, default: Any = _MISSING, positive: bool = True) -> float:
+    def number(self, name: str, default: Any = _MISSING, positive: bool = True,
+               bounds: tuple[float, float] | None = None) -> float:
+        """A finite number; > 0 (``positive``) or >= 0; inside ``bounds`` (lowest, highest) when given."""
         value = self._get(name, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(name, f"must be a number, got {value!r}")
+            raise self.fail(name, f"must be a number, got {_short(value)}")
         try:
             value = float(value)
         except OverflowError:  # an integer too large for a float
             raise self.fail(name, "must be finite") from None
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise self.fail(name, "must be finite")
         if positive and value <= 0:
             raise self.fail(name, f"must be > 0, got {value:g}")
         if not positive and value < 0:
             raise self.fail(name, f"must be >= 0, got {value:g}")
+        if bounds is not None and value > bounds[1]:
+            raise self.fail(name, f"too large: {value:g} is above the physical bound {bounds[1]:g}")
+        if bounds is not None and 0 < value < bounds[0]:
+            raise self.fail(name, f"too small: {value:g} is below the physical bound {bounds[0]:g}")
         return value
 
     def fraction(self, name: str, default: Any = _MISSING) -> float:
@@ -125,7 +140,7 @@ class Table:
         if not isinstance(value, list) or not value or not all(
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_INT for v in value
         ):
-            raise self.fail(name, f"must be a non-empty list of positive integers, got {value!r}")
+            raise self.fail(name, f"must be a non-empty list of positive integers, got {_short(value)}")
         if len(set(value)) != len(value):
             raise self.fail(name, f"must not repeat a value, got {value!r}")
         return tuple(value)
@@ -146,5 +161,5 @@ class Table:
     def choice(self, name: str, allowed: tuple[str, ...], default: Any = _MISSING) -> str:
         value = self.str(name, default)
         if value not in allowed:
-            raise self.fail(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+            raise self.fail(name, f"must be one of {', '.join(allowed)}, got {_short(value)}{closest(value, allowed)}")
         return value

@@ -11,7 +11,8 @@ from importlib import resources
 from pathlib import Path
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.tomlcheck import Table, read_toml
+from trnopt.optimizer.model import bounds as B
+from trnopt.optimizer.model.tomlcheck import Table, closest, read_toml
 
 PRESETS = ("llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mixtral-8x7b", "mixtral-8x22b",
            "deepseek-v3", "megatron-22b", "megatron-175b", "megatron-530b", "megatron-1t")
@@ -176,9 +177,15 @@ class Training:
     activation_bytes: int = 2
 
     def __post_init__(self):
-        for name in ("seq", "global_batch"):
-            if getattr(self, name) < 1:
-                raise InputError("--" + name.replace("_", "-"), name, f"must be >= 1, got {getattr(self, name)}")
+        for name, top in (("seq", B.MAX_SEQ), ("global_batch", B.MAX_GLOBAL_BATCH)):
+            value = getattr(self, name)
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputError(flag, name, f"must be an integer, got {value!r}")
+            if value < 1:
+                raise InputError(flag, name, f"must be >= 1, got {value}")
+            if value > top:
+                raise InputError(flag, name, f"must be <= {top:,}, got {value:,}")
 
     @property
     def state_bytes_per_param(self) -> int:
@@ -203,11 +210,13 @@ def load_model(name_or_path: str) -> Model:
     if name_or_path in PRESETS:
         text = resources.files("trnopt.targets").joinpath(f"models/{name_or_path}.toml").read_text("utf-8")
         return parse_model(read_toml(name_or_path, text), f"targets/models/{name_or_path}.toml")
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise InputError(repr(name_or_path), "--model", f"empty; presets are {', '.join(PRESETS)}, or give a .toml path")
     path = Path(name_or_path)
     if path.suffix != ".toml" and not path.exists():
         raise InputError(name_or_path, "--model", f"unknown model preset; presets are {', '.join(PRESETS)}, "
-                         "or give a .toml path")
-    return parse_model(read_toml(path), str(path))
+                         f"or give a .toml path{closest(name_or_path, PRESETS)}")
+    return parse_model(read_toml(name_or_path), name_or_path)
 
 
 def parse_model(data: dict, source: str) -> Model:
@@ -216,31 +225,33 @@ def parse_model(data: dict, source: str) -> Model:
     Required: name, layers, hidden, heads, vocab, and ffn unless every layer is MoE.
     ``source`` (the citation) and ``published_params_b`` (the published total, in
     billions; 0 = not published) are optional for a user's file; every preset states both.
-    Unknown keys are errors.
+    Unknown keys are errors; every count is held to its range in bounds.py.
     """
     t = Table(data, source)
-    hidden, heads = t.int("hidden"), t.int("heads")
-    kv_heads = t.int("kv_heads", heads)
+    width = {"maximum": B.MAX_WIDTH}
+    hidden, heads = t.int("hidden", **width), t.int("heads", maximum=B.MAX_HEADS)
+    kv_heads = t.int("kv_heads", heads, maximum=B.MAX_HEADS)
     if heads % kv_heads:
         raise t.fail("kv_heads", f"{kv_heads} does not divide heads={heads}")
     if "head_dim" not in data and hidden % heads:
         raise t.fail("heads", f"{heads} does not divide hidden={hidden}; give head_dim")
-    layers = t.int("layers")
+    layers = t.int("layers", maximum=B.MAX_LAYERS)
     moe = mla = None
     if t.has("moe"):
         m = t.table("moe")
-        moe = Moe(m.int("experts"), m.int("top_k"), m.int("expert_ffn"), m.int("shared_experts", 0, minimum=0),
-                  m.int("dense_layers", 0, minimum=0))
+        moe = Moe(m.int("experts", maximum=B.MAX_EXPERTS), m.int("top_k", maximum=B.MAX_EXPERTS),
+                  m.int("expert_ffn", **width), m.int("shared_experts", 0, minimum=0, maximum=B.MAX_EXPERTS),
+                  m.int("dense_layers", 0, minimum=0, maximum=B.MAX_LAYERS))
         if moe.top_k > moe.experts:
             raise m.fail("top_k", f"{moe.top_k} exceeds experts={moe.experts}")
         if moe.dense_layers >= layers:
             raise m.fail("dense_layers", f"{moe.dense_layers} leaves no MoE layer of {layers}")
     if t.has("mla"):
         m = t.table("mla")
-        mla = Mla(*(m.int(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                       "qk_rope_head_dim", "v_head_dim")))
+        mla = Mla(*(m.int(k, **width) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                "qk_rope_head_dim", "v_head_dim")))
     needs_dense = moe is None or moe.dense_layers > 0
-    published = t.number("published_params_b", 0, positive=False)
+    published = t.number("published_params_b", 0, positive=False, bounds=(0.0, 1e9))
     model = Model(
         name=t.str("name", nonempty=True),
         source=t.str("source", "not stated"),
@@ -248,16 +259,17 @@ def parse_model(data: dict, source: str) -> Model:
         hidden=hidden,
         heads=heads,
         kv_heads=kv_heads,
-        head_dim=t.int("head_dim", hidden // heads),
-        ffn=t.int("ffn") if needs_dense else t.int("ffn", 0, minimum=0),
-        vocab=t.int("vocab"),
+        head_dim=t.int("head_dim", hidden // heads, **width),
+        ffn=t.int("ffn", **width) if needs_dense else t.int("ffn", 0, minimum=0, **width),
+        vocab=t.int("vocab", maximum=B.MAX_VOCAB),
         gated_mlp=t.bool("gated_mlp", True),
         tied_embeddings=t.bool("tied_embeddings", False),
-        learned_positions=t.int("learned_positions", 0, minimum=0),
+        learned_positions=t.int("learned_positions", 0, minimum=0, maximum=B.MAX_SEQ),
         moe=moe,
         mla=mla,
         published_params=published * 1e9,
-        published_active_params=t.number("published_active_params_b", published, positive=False) * 1e9,
+        published_active_params=t.number("published_active_params_b", published, positive=False,
+                                         bounds=(0.0, 1e9)) * 1e9,
     )
     if 0 < model.published_params < model.published_active_params:
         raise t.fail("published_active_params_b", f"{model.published_active_params / 1e9:g} exceeds "

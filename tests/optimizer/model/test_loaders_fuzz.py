@@ -109,7 +109,7 @@ def valid_targets(draw) -> dict[str, Any]:
         "name": draw(names), "description": "fuzzed", "instance": "box", "chips_per_instance": per_instance,
         "runtime_reserve_gib": draw(st.sampled_from([0, 2, 1.5])),
         "chip": {"name": "chip", "physical_cores": cores, "lnc_default": draw(st.sampled_from(lnc_allowed)),
-                 "lnc_allowed": lnc_allowed, "hbm_gib": draw(positive), "hbm_bandwidth_gbs": draw(positive),
+                 "lnc_allowed": lnc_allowed, "hbm_gib": draw(st.floats(2.5, 1e6)), "hbm_bandwidth_gbs": draw(positive),
                  "bf16_tflops": draw(positive), "fp8_tflops": draw(positive),
                  "sbuf_kib_per_partition": draw(st.integers(1, 512)), "on_chip_bandwidth_gbs": draw(positive)},
         "axes": axes,
@@ -318,7 +318,7 @@ def test_wrong_types():
     assert _rejected(parse_target, data, "chip.hbm_gib") == "must be finite"
     data = _trn2()
     data["chip"]["hbm_gib"] = 1e300
-    assert _rejected(parse_target, data, "chip.hbm_gib") == "too large"
+    assert _rejected(parse_target, data, "chip.hbm_gib").startswith("too large")
 
 
 def test_unknown_key_with_a_line_break_stays_on_one_line():
