@@ -172,14 +172,18 @@ class CoreContext:
         return ", ".join(f"{label} {n} B" for _, n, label in items)
 
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
-        """The data of ``v`` (numerics mode), refusing elements nothing has written."""
-        mask = v.written_mask()
-        if not mask.all():
-            bad = np.argwhere(~mask)
-            raise UninitializedReadError(
-                f"{self.where(op, name)}: {role} reads {int((~mask).sum())} of {v.size} elements of "
-                f"tensor {v.alloc.label()} ({v.buffer.name}, shape {v.alloc.shape}) that nothing has "
-                f"written (NaN); first at view index {tuple(int(i) for i in bad[0])}")
+        """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
+        tensor the rank's programs share, judged at the next barrier: see ``lnc``)."""
+        unwritten = ~v.written_mask()
+        if unwritten.any():
+            bad = np.argwhere(unwritten)
+            msg = (f"{self.where(op, name)}: {role} reads {int(unwritten.sum())} of {v.size} elements of "
+                   f"tensor {v.alloc.label()} ({v.buffer.name}, shape {v.alloc.shape}) that nothing has "
+                   f"written (NaN); first at view index {tuple(int(i) for i in bad[0])}")
+            if self.lnc > 1 and self.shared_hbm.is_tracked(v.alloc):
+                self.shared_hbm.read_unwritten(self.program, msg, v, unwritten)
+            else:
+                raise UninitializedReadError(msg)
         return v.array()
 
     def write(self, v: NkiTensor, value: np.ndarray) -> None:

@@ -24,6 +24,7 @@ from . import registers as _registers
 from . import language as nl
 from .errors import ConstraintError, SimulatorError
 from .instruction import NkiInstruction
+from .rendezvous import Deposit
 from .language import NKIObject
 from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
@@ -360,3 +361,64 @@ def _reg_arg(v, op: str, role: str) -> VirtualRegister:
     if not isinstance(v, VirtualRegister):
         raise ConstraintError(f"nisa.{op}: {role} must be a register from nisa.register_alloc, got {type(v).__name__}")
     return v
+
+
+# --- ordering between the programs of a rank (see ``lnc``) ----------------------------------
+def core_barrier(data, cores, engine=engine.gpsimd, name=None):
+    """Every program in ``cores`` (only (0, 1) is supported) waits here until all have
+    arrived; the accesses of ``data`` (shared HBM) before it are ordered before those after
+    it on every program. Starts on ``engine`` when this program's earlier accesses of
+    ``data`` are done and ends when the last program's do ("nki.isa.core_barrier")."""
+    ctx = _ctx("core_barrier")
+    w = ctx.where("core_barrier", name)
+    data = checks.tensor_arg(data, w, "data")
+    if tuple(int(c) for c in cores) != (0, 1):
+        raise ConstraintError(f"{w}: cores must be (0, 1), got {tuple(cores)}")
+    if ctx.lnc != 2:
+        raise ConstraintError(f"{w}: core_barrier needs LNC 2 (kernel[2]); this launch runs {ctx.lnc} program(s)")
+    if data.buffer is not MemoryRegion.shared_hbm:
+        raise ConstraintError(f"{w}: data must be in shared_hbm, got {data.buffer.name}")
+    eng = _ENGINE_NAMES.get(engine, "GpSimd")
+    ready = max(ctx.timeline.ready([data], []), ctx.timeline.engine_free.get(eng, 0.0))
+    got = ctx.rendezvous.exchange(
+        Deposit(ctx.who, f"core_barrier(name={name!r})" if name else "core_barrier", ("core_barrier", data.shape), ready),
+        ((ctx.rank, 0), (ctx.rank, 1)), on_complete=lambda _: ctx.shared_hbm.synchronised())
+    end = max(d.payload for d in got.values()) + rates.CORE_BARRIER_S
+    ctx.timeline.occupy(eng, ready, end, "core_barrier", name)
+    ctx.timeline.record([data], [data], end, end)
+    return NkiInstruction("core_barrier", name, ready, end)
+
+
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma, name=None):
+    """Send SBUF ``src`` to program ``send_to_rank``'s ``dst`` and receive program
+    ``recv_from_rank``'s ``src`` into this ``dst``; the pair completes together, ordering
+    both programs as a barrier does ("nki.isa.sendrecv")."""
+    ctx = _ctx("sendrecv")
+    w = ctx.where("sendrecv", name)
+    src, dst = checks.tensor_arg(src, w, "src"), checks.tensor_arg(dst, w, "dst")
+    checks.in_buffer(src, [MemoryRegion.sbuf], w, "src")
+    checks.in_buffer(dst, [MemoryRegion.sbuf], w, "dst")
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ConstraintError(f"{w}: src {src.shape} {src.dtype.name} and dst {dst.shape} {dst.dtype.name} must "
+                              f"have the same shape and dtype")
+    to, frm = int(send_to_rank), int(recv_from_rank)
+    if ctx.lnc != 2 or {to, frm} - {0, 1}:
+        raise ConstraintError(f"{w}: sendrecv runs between the two programs of an LNC 2 rank (ranks 0 and 1); "
+                              f"got send_to_rank={to}, recv_from_rank={frm} with {ctx.lnc} program(s)")
+    ready = ctx.timeline.ready([src], [dst])
+    data = np.array(ctx.read(src, "sendrecv", name, "src")) if ctx.numerics else None
+    members = tuple(sorted({(ctx.rank, ctx.program), (ctx.rank, to), (ctx.rank, frm)}))
+    got = ctx.rendezvous.exchange(
+        Deposit(ctx.who, f"sendrecv(name={name!r})" if name else "sendrecv",
+                ("sendrecv", int(pipe_id), src.shape, src.dtype.name), (ready, data, to)),
+        members, on_complete=lambda _: ctx.shared_hbm.synchronised())
+    peer = got[(ctx.rank, frm)]
+    if peer.payload[2] != ctx.program:
+        raise ConstraintError(f"{w}: receives from program {frm}, which sends to program {peer.payload[2]}")
+    if ctx.numerics:
+        ctx.write(dst, peer.payload[1])
+    start = max(d.payload[0] for d in got.values())
+    end = start + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S + rates.dma_transfer_seconds(src.nbytes)
+    ctx.timeline.occupy("DMA", start, end, "sendrecv", name)
+    ctx.timeline.record([src], [dst], end, end)
+    return NkiInstruction("sendrecv", name, start, end)

@@ -135,16 +135,30 @@ def static_range(start, stop=None, step=1):
 
 
 def program_id(axis=0):
-    """Index of this program in the launch grid: the physical core of the rank under LNC 2."""
-    return _ctx("program_id").program if int(axis) == 0 else 0
+    """Index of this program along ``axis`` of the launch grid (``kernel[2]``: the physical
+    core of an LNC 2 rank; ``kernel[a, b]``: row-major positions in the a x b grid)."""
+    ctx = _ctx("program_id")
+    grid = ctx.grid
+    if not 0 <= int(axis) < len(grid):
+        raise ConstraintError(f"{ctx.where('nl.program_id')}: axis {axis} out of range for launch grid {list(grid)}")
+    return int(np.unravel_index(ctx.program, grid)[int(axis)])
 
 
 def num_programs(axes=0):
-    return _ctx("num_programs").lnc if axes in (0, None) else 1
+    """Programs along ``axes`` (an int or a tuple of axes) of the launch grid; None: all."""
+    ctx = _ctx("num_programs")
+    grid = ctx.grid
+    if axes is None:
+        return math.prod(grid)
+    picked = axes if isinstance(axes, (tuple, list)) else (axes,)
+    if any(not 0 <= int(a) < len(grid) for a in picked):
+        raise ConstraintError(f"{ctx.where('nl.num_programs')}: axes {axes} out of range for launch grid {list(grid)}")
+    return math.prod(grid[int(a)] for a in picked)
 
 
 def program_ndim():
-    return 1
+    """Dimensions of the launch grid."""
+    return len(_ctx("program_ndim").grid)
 
 
 def is_hbm(buffer):

@@ -13,10 +13,16 @@ The simulator makes every run deterministic by refusing such races instead of re
 them by thread timing: in numerics mode each shared allocation keeps, per element, which
 programs wrote and read it since the last synchronisation of the rank's programs, and an
 access that conflicts with another program's access in that interval raises
-``RaceError`` naming both programs and instructions, whichever thread comes first. Data
-therefore crosses between programs only through a barrier (or sendrecv), as on the
-device, and never depends on the interleaving of the Python threads. Schedule-only runs
-(numerics=False) move no data and check no races.
+``RaceError`` naming both programs and instructions, whichever thread comes first. A read
+of shared elements nothing has written yet is not judged at once (the other program may
+be about to write them, which is a race, not a read of unwritten memory): it is recorded,
+a later write of those elements by another program in the same interval is a
+``RaceError``, and a read still unwritten when every program reaches the next barrier (or
+the end of the kernel) raises ``UninitializedReadError`` for the first such read. The
+outcome therefore depends only on what each program accesses between barriers, never on
+the interleaving of the Python threads: data crosses between programs only through a
+barrier (or sendrecv), as on the device. Schedule-only runs (numerics=False) move no
+data and check no races.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConstraintError
+from .errors import ConstraintError, UninitializedReadError
 from .tensor import Allocation, MemoryRegion, NkiTensor
 
 
@@ -44,6 +50,29 @@ class SharedHbm:
         self._lock = threading.Lock()
         self._allocs: dict[int, Allocation] = {}
         self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, dict]] = {}
+        self._unwritten: list[tuple[int, int, str, NkiTensor, np.ndarray]] = []  # (program, seq, message, view, mask)
+        self._seq = 0
+
+    def is_tracked(self, alloc: Allocation) -> bool:
+        return alloc.id in self._tracked
+
+    def read_unwritten(self, program: int, message: str, v: NkiTensor, unwritten: np.ndarray) -> None:
+        """Record a read of shared elements nothing has written (judged at the next barrier)."""
+        with self._lock:
+            self._seq += 1
+            self._unwritten.append((program, self._seq, message, v, unwritten.copy()))
+
+    def check_unwritten(self) -> None:
+        """At a barrier or the end of the kernel: the first read of elements still unwritten."""
+        with self._lock:
+            pending = []
+            for prog, seq, msg, v, mask in self._unwritten:
+                still = mask & ~v.written_mask()
+                if still.any():
+                    pending.append((prog, seq, msg))
+            self._unwritten = []
+        if pending:
+            raise UninitializedReadError(min(pending)[2])
 
     def get_or_create(self, k: int, make: Any) -> Allocation:
         with self._lock:
@@ -85,15 +114,26 @@ class SharedHbm:
                             f"between them: on the device the result depends on timing")
                     (w if writing else r)[...] |= bit
                     who[program] = f"{'wrote' if writing else 'read'} in {label}"
+                if writing and self._unwritten:
+                    self._check_read_before_write(program, label, v)
+
+    def _check_read_before_write(self, program: int, label: str, v: NkiTensor) -> None:
+        for prog, _, msg, rv, mask in self._unwritten:
+            if prog == program or rv.alloc is not v.alloc:
+                continue
+            probe = np.zeros(v.alloc.size, dtype=bool)
+            rv._strided(probe)[...] = mask
+            if v._strided(probe).any():
+                raise RaceError(
+                    f"program {program}, {label}: writes elements of shared_hbm tensor {v.alloc.label()} that "
+                    f"program {prog} read before they were written, with no nisa.core_barrier or "
+                    f"nisa.sendrecv between them (the read: {msg.split(': ', 1)[0]})")
 
     def synchronised(self) -> None:
         """Every program passed a barrier: earlier accesses are ordered before later ones."""
+        self.check_unwritten()
         with self._lock:
             for _, wmask, rmask, who in self._tracked.values():
                 wmask.fill(0)
                 rmask.fill(0)
                 who.clear()
-
-
-def is_shared(v: NkiTensor) -> bool:
-    return v.buffer is MemoryRegion.shared_hbm

@@ -54,6 +54,9 @@ DMA_BANDWIDTH_BPS = 368e9  # per core (DESIGN section 7)
 DMA_SEMAPHORE_TO_START_S = 1.3e-6  # DESIGN section 7
 DMA_DESCRIPTOR_S = 0.6e-6  # per descriptor-generating instruction (DESIGN section 7)
 DMA_QUEUES = 4  # ASSUMPTION: DMA instructions round-robin over four issue queues
+# ASSUMPTION: a core_barrier is a remote semaphore update plus a local wait ("nki.isa.core_barrier");
+# taken as one DMA semaphore-to-start latency.
+CORE_BARRIER_S = DMA_SEMAPHORE_TO_START_S
 
 # --- links ------------------------------------------------------------------------------
 TRN2_TORUS_CHIP_BPS = 1024e9  # DESIGN section 3

@@ -294,6 +294,8 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
         raise first
     if rdv.error is not None:
         raise rdv.error
+    for r in ranks:
+        shared[r].check_unwritten()  # reads of shared tensors still unwritten at the end
     if symmetric:
         reps = [contexts[(0, p)].timeline for p in range(lnc)]
         timeline = Timeline.from_cores(reps)

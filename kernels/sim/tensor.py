@@ -257,7 +257,7 @@ class NkiTensor:
         for r, off in enumerate(lanes):
             if off + span_lo < 0 or off + span_hi >= self.alloc.size:
                 raise ConstraintError(
-                    f"{here()}: {what} of tensor {self.alloc.label()} (shape {self.alloc.shape}) at a "
+                    f"{here()} (symmetric run): {what} of tensor {self.alloc.label()} (shape {self.alloc.shape}) at a "
                     f"rank-dependent offset reaches elements [{off + span_lo}, {off + span_hi}] outside its "
                     f"{self.alloc.size} elements on rank {r}")
         self.lanes = lanes

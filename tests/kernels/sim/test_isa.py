@@ -208,3 +208,22 @@ def test_dma_copy_slices_and_access_patterns(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(a, x[:, 16:])
     np.testing.assert_array_equal(b, x[:, 16:])
     np.testing.assert_array_equal(e, x[::2])
+
+
+@nki.jit
+def dma_converts(x):
+    """FP32 SBUF tile -> BF16 HBM: the DMA converts through float32 ("nki.isa.dma_copy")."""
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    out = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_dma_copy_converts_dtypes() -> None:
+    import ml_dtypes
+
+    x = np.array([[1.0, 1.0 + 2 ** -9, 3.140625, -2.5]], np.float32)
+    out = nki.simulate(dma_converts)(x)
+    assert out.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(out, x.astype(ml_dtypes.bfloat16))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -108,3 +110,66 @@ def test_kernel_exception_propagates() -> None:
 
     with pytest.raises(ValueError, match="kernel bug"):
         run_ranks(boom, [(np.zeros(2),)] * 3)
+
+
+@nki.jit
+def scaled(x, scale):
+    """x * scale, where scale may arrive as a keyword argument."""
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    s = nl.ndarray(scale.shape, dtype=scale.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=s, src=scale)
+    nisa.tensor_tensor(dst=t, data1=t, data2=s, op=nl.multiply)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_keyword_array_arguments_become_tensors() -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    s = np.full((2, 4), 3.0, np.float32)
+    np.testing.assert_array_equal(nki.simulate(scaled)(x, scale=s), 3 * x)
+    np.testing.assert_array_equal(scaled(x=x, scale=s), 3 * x)
+
+
+@nki.jit
+def grid_copy(a):
+    """The SPMD example of the reference: program (i, j) copies element [i, j]."""
+    b = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    i, j = nl.program_id(0), nl.program_id(1)
+    t = nl.ndarray((1, 1), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a[i, j])
+    nisa.dma_copy(dst=b[i, j], src=t)
+    assert nl.num_programs(1) == a.shape[1] and nl.num_programs(None) == a.shape[0] * a.shape[1]
+    assert nl.program_ndim() == 2
+    return b
+
+
+@pytest.mark.parametrize("grid", [(1, 2), (4, 2), (2, 3)])
+def test_every_program_of_a_launch_grid_runs(grid) -> None:
+    a = np.random.default_rng(0).random((*grid, 1, 1)).astype(np.float32)
+    np.testing.assert_array_equal(grid_copy[grid](a), a)
+    res = run_ranks(grid_copy[grid], [(a,)])
+    assert len(res.timeline.cores) == grid[0] * grid[1]
+
+
+def test_nl_hbm_is_private_hbm() -> None:
+    assert nl.hbm is nl.private_hbm
+
+
+@nki.jit
+def stuck(x, me):
+    if me == 1:
+        while True:
+            time.sleep(0.01)
+    return None
+
+
+def test_a_rank_stuck_in_python_fails_the_run_with_its_line_and_the_stall_time() -> None:
+    from trnopt.kernels.sim.watchdog import StallError
+
+    t0 = time.monotonic()
+    with pytest.raises(StallError, match=r"no rank issued an instruction for \d+\.\d s \(timeout_s=0\.2\).*\n"
+                                         r"  rank 1 at .*test_runner\.py:\d+ in stuck"):
+        run_ranks(stuck, [(np.zeros(1, np.float32), r) for r in range(2)], timeout_s=0.2)
+    assert time.monotonic() - t0 < 30  # bounded; never a hang

@@ -83,3 +83,24 @@ def test_bounds() -> None:
 def test_boxes_overlap() -> None:
     assert boxes_overlap(((0, 4), (0, 8)), ((3, 5), (7, 9)))
     assert not boxes_overlap(((0, 4), (0, 8)), ((0, 4), (8, 9)))
+
+
+def test_ap_scalar_offset_moves_by_the_stride_of_the_indirect_dim() -> None:
+    """Writing a [1, 8] row at row 2 of a [4, 8] tensor touches elements 16..23, not 2..9."""
+    t, ref = tensor((4, 8))
+    np.testing.assert_array_equal(t.ap([[8, 1], [1, 8]], scalar_offset=2, indirect_dim=0).array(), ref[2:3])
+    np.testing.assert_array_equal(t.ap([[8, 1], [1, 2]], scalar_offset=3, indirect_dim=1).array(), ref[0:1, 3:5])
+    with pytest.raises(ConstraintError, match="indirect_dim 2 out of range"):
+        t.ap([[8, 1], [1, 8]], scalar_offset=1, indirect_dim=2)
+
+
+def test_ap_offset_none_keeps_the_views_offset_and_own_dtype_is_accepted() -> None:
+    t, ref = tensor((4, 8))
+    v = t[1:3, :]
+    np.testing.assert_array_equal(v.ap([[8, 2], [1, 8]]).array(), ref[1:3])
+    np.testing.assert_array_equal(v.ap([[8, 2], [1, 8]], offset=None).array(), ref[1:3])
+    np.testing.assert_array_equal(v.ap([[8, 1], [1, 8]], offset=8).array(), ref[2:3])
+    np.testing.assert_array_equal(v.ap([[8, 2], [1, 8]], dtype=np.float32).array(), ref[1:3])
+    with pytest.raises(NotImplementedError, match=r"ap\(dtype=bfloat16\) reinterpreting a float32 tensor"):
+        import ml_dtypes
+        v.ap([[8, 2], [1, 8]], dtype=ml_dtypes.bfloat16)
