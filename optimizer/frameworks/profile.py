@@ -1,0 +1,331 @@
+"""What a training framework can run: the profile the search honours and the launch files assume.
+
+A profile states the decisions a framework offers (ZeRO stages, recomputation, pipeline
+schedules, HSDP) and which placements its rank order can produce. The rank order is the
+part that silently breaks plans: a framework builds its process groups from global ranks
+in a fixed order, torchrun numbers ranks ``RANK = node_rank * nproc_per_node +
+local_rank``, and a launcher can still choose only
+
+- the node order: which instance gets which ``--node-rank`` (torchrun's static
+  rendezvous sets ``GROUP_RANK`` to it; the c10d rendezvous does not let a launch choose
+  it), and
+- the core binding: which logical NeuronCore each local rank runs on
+  (``NEURON_RT_VISIBLE_CORES`` per worker, Neuron runtime configuration page).
+
+So every instance runs exactly one block of ``nproc_per_node`` consecutive global ranks.
+``producible`` says whether a layout's placement has that property under the framework's
+rank order; ``torchrun_binding`` gives the node order and core binding that realise it.
+
+Rank numbering. trnopt numbers ranks tp fastest, then cp, ep, dp // ep, pp
+(``Layout.rank_coordinates``). torchtitan 0.2.x builds its meshes by unflattening the
+world in the order (pp, dp_replicate, dp_shard, cp, tp), tp innermost
+(torchtitan/distributed/parallel_dims.py, ``ParallelDims.build_mesh``). The two agree when
+
+- HSDP replicas are the outer digits of trnopt's dp coordinate: dp coordinate
+  ``d = shard + (dp_shard // ep) * replica``, i.e. a ZeRO/FSDP shard group is ``ep`` x
+  ``dp_shard // ep`` consecutive dp positions, and the ``dp_replicate`` replicas of a
+  shard sit at stride ``dp_shard // ep`` (the search must use this convention for
+  ``Layout.dp_replicate``);
+- expert parallelism is the innermost part of dp_shard with the expert TP degree equal to
+  TP (torchtitan ``expert_tensor_parallel_degree = tensor_parallel_degree``: its sparse
+  mesh is (pp, dp_replicate, efsdp, ep, etp)), which is trnopt's "EP carved out of DP";
+- and EP is not combined with CP: torchtitan's EP group takes consecutive positions of the
+  flattened (dp_shard, cp) block, while trnopt's EP group has one cp coordinate.
+
+NxD Training (``parallel_state.initialize_model_parallel``) numbers TP innermost, then DP,
+then PP, the same order as trnopt's ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.placement import rank_map
+from trnopt.optimizer.model.target import Target
+
+
+@dataclass(frozen=True)
+class TorchrunBinding:
+    """How a torchrun launch lands every rank where the plan put it.
+
+    ``node_rank[(domain, instance)]`` is the ``--node-rank`` of the instance at that slot
+    of the plan (instance = its position in the UltraServer); ``core[node_rank][local_rank]``
+    is the logical NeuronCore (``chip * logical cores per chip + core``) that local rank must
+    run on. ``bound`` is False when every local rank i runs on logical core i, torchrun's
+    and torch-neuronx's default, so no binding needs to be set.
+    """
+
+    nproc_per_node: int
+    """Workers per instance: logical cores per chip x chips per instance."""
+    node_rank: dict[tuple[int, int], int]
+    """(domain, instance in the domain) -> torchrun --node-rank."""
+    core: tuple[tuple[int, ...], ...]
+    """core[node_rank][local_rank] -> logical NeuronCore of the instance."""
+
+    @property
+    def nodes(self) -> int:
+        return len(self.core)
+
+    @property
+    def bound(self) -> bool:
+        return any(v != i for row in self.core for i, v in enumerate(row))
+
+    @property
+    def slot(self) -> dict[int, tuple[int, int]]:
+        """node rank -> (domain, instance)."""
+        return {n: s for s, n in self.node_rank.items()}
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """What one training framework can run, as the search and the launch files need it."""
+
+    name: str
+    """The --framework name."""
+    version: str
+    """The framework release the profile describes (and the exports are written for)."""
+    zero_stages: tuple[int, ...]
+    """ZeRO stages it implements (``Layout.zero``); the search passes them to ``Problem.zero_stages``."""
+    recompute: tuple[str, ...]
+    """``Layout.recompute`` values it runs ("none", "selective", "full")."""
+    recompute_every_nth_layer: bool
+    """Whether it can also checkpoint every n-th layer fully (torchtitan ``selective_ac_option = "n"``);
+    trnopt's Layout has no such decision yet, so the search may ignore it."""
+    schedules: tuple[str, ...]
+    """Names of the pipeline schedules it offers (the framework's spelling)."""
+    plain_schedule: str
+    """The schedule trnopt's cost model describes for ``Layout.interleave == 1`` (1F1B)."""
+    interleaved_schedule: str | None
+    """The schedule it describes for ``Layout.interleave > 1`` (interleaved 1F1B); None: not offered,
+    and the search must keep interleave at 1."""
+    hsdp: bool
+    """Whether ``Layout.dp_replicate > 1`` (HSDP: shards replicated across groups) is allowed."""
+    rank_order: tuple[str, ...]
+    """The framework's process mesh, outermost first (documentation and error messages)."""
+    formats: tuple[str, ...]
+    """``trnopt solve --format`` values that write this framework's files."""
+    expert_and_context: bool = True
+    """Whether trnopt's EP groups (one cp coordinate) can be combined with CP > 1."""
+
+    @property
+    def interleaved(self) -> bool:
+        """Whether it runs interleaved (virtual) pipeline stages (``Layout.interleave > 1``)."""
+        return self.interleaved_schedule is not None
+
+    def schedule(self, layout: Layout) -> str:
+        """The framework's name of the pipeline schedule the layout was costed with."""
+        if layout.interleave > 1:
+            if self.interleaved_schedule is None:
+                raise ValueError(f"{self.name} has no interleaved schedule")
+            return self.interleaved_schedule
+        return self.plain_schedule
+
+    def supports(self, layout: Layout) -> str | None:
+        """None when the framework offers every decision of the layout (placement aside), else why not."""
+        if layout.zero not in self.zero_stages:
+            return f"{self.name} runs ZeRO stage(s) {', '.join(map(str, self.zero_stages))}, not ZeRO-{layout.zero}"
+        if layout.recompute not in self.recompute:
+            return f"{self.name} has no {layout.recompute!r} recomputation"
+        if layout.interleave > 1 and not self.interleaved:
+            return f"{self.name} has no interleaved pipeline schedule (interleave {layout.interleave})"
+        if layout.dp_replicate > 1 and not self.hsdp:
+            return f"{self.name} has no HSDP (dp_replicate {layout.dp_replicate})"
+        if self.name == "torchtitan" and layout.zero == 3 and layout.dp > 1 and layout.dp_shard == 1 \
+                and layout.cp == 1:
+            return ("torchtitan runs dp_replicate = dp with nothing to shard as DDP, which it supports only "
+                    "without TP/PP/CP (torchtitan/models/llama3/infra/parallelize.py), not as ZeRO-3")
+        return None
+
+    def producible(self, layout: Layout, target: Target) -> str | None:
+        """None when this framework's rank order plus a launcher's permutations produce the placement.
+
+        The framework fixes which global ranks form each group (its rank order, see the
+        module docstring); torchrun gives node ``n`` the ranks ``n * P .. n * P + P - 1``
+        with ``P = logical cores per chip * chips per instance``. A launcher may permute
+        the nodes (which instance is node ``n``) and bind each local rank to any logical
+        core of its instance. The placement is therefore producible exactly when the
+        ranks that ``rank_map(layout, target)`` puts on every instance are one aligned
+        block of ``P`` consecutive ranks (and, for torchtitan, not EP combined with CP).
+
+        The same rule on the placement rows, for a search that must state it as
+        constraints: write each rank as its mixed-radix digits in rank order (tp, cp, ep,
+        dp, pp; within one dimension its factors on the axes fastest first: core, the
+        domain axes, the scale-out axis; consecutive digits on one axis are one digit of
+        their product, as they walk that axis's positions in order). Split every digit into the part that stays
+        inside an instance (the core axis; the domain-axis positions one instance holds,
+        e.g. x and y of a Trn2 torus, or the first 4 positions of the Trn3 Gen2 switch
+        axis) and the part that changes instance. Producible iff every in-instance digit
+        comes before every instance-changing digit: once a dimension has a factor that
+        leaves the instance, no later dimension (and no later axis of the same
+        dimension) may have a factor > 1 inside it. A digit that cannot be split at the
+        instance boundary (a factor of 3 straddling a 4-chip server) is not producible.
+        ``placement_conflict`` evaluates this rule; the tests check that it agrees with
+        the exact check here.
+
+        Returns the reason (one sentence naming the dimensions and axes involved and an
+        instance that would hold a non-consecutive set of ranks), or None.
+        """
+        if not self.expert_and_context and layout.ep > 1 and layout.cp > 1:
+            return (f"{self.name} builds its expert-parallel groups from consecutive ranks of the flattened "
+                    f"(dp_shard, cp) mesh (torchtitan ParallelDims: sparse mesh pp, dp_replicate, efsdp, ep, etp), "
+                    f"so EP {layout.ep} with CP {layout.cp} groups other ranks than trnopt's EP groups "
+                    "(one cp coordinate each)")
+        binding = torchrun_binding(layout, target)
+        if isinstance(binding, TorchrunBinding):
+            return None
+        conflict = placement_conflict(layout, target)
+        why = f"; {conflict}" if conflict else ""
+        return (f"{self.name} (mesh {', '.join(self.rank_order)}, {self.rank_order[-1]} innermost) under torchrun "
+                f"gives every instance one block of consecutive ranks, but {binding}{why}: no node order or core "
+                "binding places it")
+
+
+TORCHTITAN = FrameworkProfile(
+    name="torchtitan",
+    version="0.2.2 (TorchTitan Neuron 0.2.2+neuron.1)",
+    # FSDP2 fully_shard shards parameters, gradients and optimizer state (ZeRO-3 semantics);
+    # HSDP replicates those shards (data_parallel_replicate_degree). DDP (nothing sharded) runs only
+    # without TP/PP/CP (torchtitan/models/llama3/infra/parallelize.py), so ZeRO-0/1/2 are not offered.
+    zero_stages=(3,),
+    # activation_checkpoint.mode none | selective | full; selective is selective_ac_option "op"
+    # (torchtitan/distributed/activation_checkpoint.py) or "n" for every n-th layer.
+    recompute=("none", "selective", "full"),
+    recompute_every_nth_layer=True,
+    # parallelism.pipeline_parallel_schedule (torch.distributed.pipelining schedules)
+    schedules=("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+               "DualPipeV"),
+    plain_schedule="1F1B",
+    interleaved_schedule="Interleaved1F1B",
+    hsdp=True,
+    rank_order=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+    formats=("torchtitan", "env"),
+    expert_and_context=False,
+)
+
+NXD = FrameworkProfile(
+    name="nxd",
+    version="NeuronX Distributed Training (Neuron SDK 2.29, legacy)",
+    zero_stages=(0, 1),                          # distributed_strategy.zero1 (optimizer state sharded over DP)
+    recompute=("none", "selective", "full"),     # model.activations_checkpoint_granularity null | selective | full
+    recompute_every_nth_layer=False,
+    schedules=("1F1B", "interleaved 1F1B"),      # virtual_pipeline_model_parallel_size > 1 interleaves
+    plain_schedule="1F1B",
+    interleaved_schedule="interleaved 1F1B",
+    hsdp=False,
+    rank_order=("pp", "dp", "tp"),
+    formats=("nxd", "env"),
+)
+
+PROFILES = {p.name: p for p in (TORCHTITAN, NXD)}
+DEFAULT = TORCHTITAN.name
+
+
+def profile(name: str) -> FrameworkProfile:
+    """The profile of a --framework name; InputError for an unknown one."""
+    if name not in PROFILES:
+        raise InputError("--framework", "framework", f"unknown framework {name!r}; one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+# -- the rank order under torchrun --------------------------------------------------------------
+def nproc_per_node(layout: Layout, target: Target) -> int:
+    return layout.ranks_per_chip * target.chips_per_instance
+
+
+def torchrun_binding(layout: Layout, target: Target) -> TorchrunBinding | str:
+    """The node order and core binding that land every planned rank, or why none exists.
+
+    Exact: reads the plan's rank map. Instance (domain d, position i) must hold the ranks
+    ``n * P .. n * P + P - 1`` for one n, which becomes its node rank; local rank
+    ``r - n * P`` is bound to the logical core ``chip * cores per chip + core`` the plan
+    gives rank r.
+    """
+    per = nproc_per_node(layout, target)
+    per_chip = layout.ranks_per_chip
+    ranks_on: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for p in rank_map(layout, target):
+        ranks_on.setdefault((p.domain, p.instance), []).append((p.rank, p.chip * per_chip + p.core))
+    node_rank, cores = {}, {}
+    for slot in sorted(ranks_on):
+        placed = sorted(ranks_on[slot])
+        first = placed[0][0]
+        if first % per or placed[-1][0] != first + per - 1 or len(placed) != per:
+            shown = ", ".join(str(r) for r, _ in placed[:6])
+            return (f"the plan puts ranks {shown}, ... on domain {slot[0]} instance {slot[1]}, not one block of "
+                    f"{per} consecutive ranks")
+        node_rank[slot] = first // per
+        cores[first // per] = tuple(v for _, v in placed)
+    return TorchrunBinding(per, node_rank, tuple(cores[n] for n in range(len(cores))))
+
+
+def _digits(layout: Layout, target: Target) -> list[tuple[str, str, int, str]]:
+    """(dimension, axis name, factor, 'in' | 'out' | 'straddles') of every rank digit in rank order.
+
+    Consecutive digits on one axis (``tp`` on switch3 then ``dp`` on switch24) are one digit of
+    their product: together they walk the axis positions in rank order.
+    """
+    cpi = target.chips_per_instance
+    out = []
+    stride = [1] * len(layout.axes)
+    below = 1  # chips per position of the current domain axis (product of the earlier domain axes)
+    bounds = []  # per axis: positions of it that one instance holds (None: all / none)
+    for j, axis in enumerate(layout.axes):
+        if axis.kind == "core":
+            bounds.append(axis.size)
+        elif axis.kind == "scale_out":
+            bounds.append(1)
+        else:
+            inside = cpi // below if cpi % below == 0 else 1
+            bounds.append(math.gcd(inside, axis.size) if below <= cpi else 1)
+            below *= axis.size
+    raw: list[list] = []  # [dimension names, axis index, factor, stride], consecutive digits of one axis merged
+    for dim, row in zip(DIMS, layout.placement):
+        for j, f in enumerate(row):
+            if f == 1:
+                continue
+            if raw and raw[-1][1] == j:  # the next digit on the same axis: one digit of the product
+                raw[-1][0] += f"+{dim}"
+                raw[-1][2] *= f
+            else:
+                raw.append([dim, j, f, stride[j]])
+            stride[j] *= f
+    for dim, j, f, s in raw:
+        b, name = bounds[j], layout.axes[j].name
+        if s * f <= b and b % (s * f) == 0:
+            out.append((dim, name, f, "in"))
+        elif s % b == 0:
+            out.append((dim, name, f, "out"))
+        elif b % s == 0 and f % (b // s) == 0:
+            out.append((dim, name, b // s, "in"))
+            out.append((dim, name, f // (b // s), "out"))
+        else:
+            out.append((dim, name, f, "straddles"))
+    return out
+
+
+def placement_conflict(layout: Layout, target: Target) -> str | None:
+    """The structural rule of ``FrameworkProfile.producible`` on the placement rows: None when
+    every in-instance digit precedes every instance-changing one, else the first offending pair."""
+    first_out = None
+    for dim, axis, f, where in _digits(layout, target):
+        if where == "straddles":
+            return (f"{dim}'s factor {f} on {axis} straddles the {target.chips_per_instance}-chip instance "
+                    "boundary")
+        if where == "out" and first_out is None:
+            first_out = (dim, axis, f)
+        elif where == "in" and first_out is not None:
+            return (f"{first_out[0]} takes {first_out[2]} on {first_out[1]} (across instances) before {dim} takes "
+                    f"{f} on {axis} (inside an instance) in the rank order")
+    return None
+
+
+def check_recompute_modes() -> None:
+    """Every profile names only recompute modes the Layout knows (import-time sanity)."""
+    for p in PROFILES.values():
+        assert set(p.recompute) <= set(RECOMPUTE), p.name
+
+
+check_recompute_modes()
