@@ -33,7 +33,8 @@ from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
-from trnopt.optimizer.search.driver import SearchResult, domain_flag, fewest_domains, solve
+from trnopt.optimizer.search.domains import domain_flag, fewest_domains
+from trnopt.optimizer.search.driver import SearchResult, solve
 from trnopt.optimizer.search.cpsat import SolverMismatch
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.target import GIB, Target, load_target

@@ -16,7 +16,8 @@ from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.frameworks import export
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.target import GIB, load_target
-from trnopt.optimizer.search.driver import MAX_DOMAINS, domain_flag, fewest_domains, least_memory, solve
+from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory
+from trnopt.optimizer.search.driver import solve
 
 
 def register(sub) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trnopt.optimizer import defaults
+from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.cost.memory import Memory, memory_per_chip, usable_hbm
 from trnopt.optimizer.cost.reliability import Reliability, reliability
@@ -75,6 +76,17 @@ def evaluate(workload: Workload, layout: Layout, target: Target, headroom: float
 def checkpoint_writer_chips(layout: Layout) -> int:
     """Chips that write a checkpoint: all with ZeRO >= 1 (the state is sharded over DP), else one DP replica's."""
     return layout.chips if layout.zero >= 1 else max(1, layout.chips // layout.dp)
+
+
+def inverse_goodput(workload: Workload, target: Target, chips: int) -> f.Factor:
+    """1 / goodput by (ZeRO stage, dp): checkpoints are written by every chip when the state is
+    sharded over DP, by one replica's chips otherwise (``checkpoint_writer_chips``)."""
+    ckpt = checkpoint_bytes(workload)
+
+    def inverse(zero: int, dp: int) -> float:
+        writers = chips if zero >= 1 else max(1, chips // dp)
+        return 1 / max(reliability(target, chips, ckpt, writers).goodput, 1e-9)
+    return f.table(("zero", "dp"), inverse, "inverse_goodput")
 
 
 def objective_value(evaluation: Evaluation, objective: str) -> float:

@@ -22,10 +22,11 @@ the factor (1 + (p-1)/(p*v)) (ibid., section 4.2.3).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.model.layout import Layout
-from trnopt.optimizer.model.target import GIB, Target
+from trnopt.optimizer.model.target import GIB, Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
 
@@ -72,6 +73,12 @@ def layers_per_stage(workload: Workload, layout: Layout) -> int:
     return math.ceil(workload.model.layers / layout.pp)
 
 
+def interleave_factor(pp: int, v: int) -> tuple[int, int]:
+    """(numerator, denominator) of 1 + (p-1)/(p v), the activations interleaving adds on the
+    first stage (Korthikanti et al. 2022, section 4.2.3); 1 without interleaving."""
+    return (pp * v + pp - 1, pp * v) if v > 1 else (1, 1)
+
+
 @dataclass(frozen=True)
 class Memory:
     """Bytes per chip by kind; ``total`` includes the runtime reserve."""
@@ -96,6 +103,9 @@ class Memory:
                                          ("activations", self.activations), ("runtime_reserve", self.reserve))}
 
 
+KINDS = tuple(fl.name for fl in fields(Memory))
+
+
 def params_per_rank(workload: Workload, layout: Layout) -> tuple[float, float]:
     """(dense, expert) parameters one rank holds before ZeRO: P_dense/(tp*pp), P_expert/(tp*pp*ep)."""
     m = workload.model
@@ -104,25 +114,47 @@ def params_per_rank(workload: Workload, layout: Layout) -> tuple[float, float]:
     return (m.total_params() - experts) / mp, experts / (mp * layout.ep)
 
 
+def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> dict[str, f.Expr]:
+    """Every Memory kind as a tree of factors (factors.py), for layouts on ``axes``.
+
+    A rank holds P_dense / (tp pp) = P_dense dp cp / R dense and P_expert edp cp / R expert
+    parameters (R ranks); a kind of state sharded from ZeRO stage z on holds
+    bytes * cp * (P_dense + P_expert) / R from then, bytes * cp * (P_dense dp + P_expert edp) / R
+    before. Activations: A(recompute, tp, cp) * b * L_s * min(m, pp) * interleave factor.
+    Every kind is per rank times the ranks per chip c.
+    """
+    mdl, tr = workload.model, workload.training
+    R, c = math.prod(a.size for a in axes), axes[0].size
+    experts = mdl.expert_params()
+    dense = mdl.total_params() - experts
+
+    def state(bytes_per_param: int, stage: int, name: str) -> f.Expr:
+        before = f.count("zero", lambda z: bytes_per_param if z < stage else 0, name + "_unsharded")
+        after = f.count("zero", lambda z: bytes_per_param if z >= stage else 0, name + "_sharded")
+        return f.prod(f.decision("cp"), f.add(
+            f.prod(before, f.table("dp", lambda dp: dense * dp / R, "dense_per_rank")),
+            f.prod(before, f.table("edp", lambda edp: experts * edp / R, "experts_per_rank")),
+            f.prod(after, coef=(dense + experts) / R)), coef=c, name=name)
+
+    pp = f.decision("pp")
+    per_layer = f.table(("recompute", "tp", "cp"),
+                        lambda rc, tp, cp: activation_bytes_per_layer(workload, tp, cp, 1, rc), "activations_per_layer")
+    in_flight = f.minimum(f.decision("micro_batches"), pp, name="in_flight")
+    interleave = ("pp", "interleave")
+    activations = f.ratio(
+        f.prod(per_layer, f.decision("micro_batch"), f.count("pp", lambda p: math.ceil(mdl.layers / p), "layers"),
+               in_flight, f.count(interleave, lambda p, v: interleave_factor(p, v)[0], "interleave_num"), coef=c),
+        f.count(interleave, lambda p, v: interleave_factor(p, v)[1], "interleave_den"), name="activations")
+    return {"weights": state(tr.weight_bytes, 3, "weights"), "gradients": state(tr.grad_bytes, 2, "gradients"),
+            "optimizer": state(tr.master_bytes + tr.optimizer_bytes, 1, "optimizer"), "activations": activations,
+            "reserve": f.Const(target.runtime_reserve_bytes)}
+
+
 def memory_per_chip(workload: Workload, layout: Layout, target: Target) -> Memory:
     """Per-chip memory: ranks_per_chip times one rank's share, plus the runtime reserve."""
-    tr = workload.training
-    dense, expert = params_per_rank(workload, layout)
-    dp_dense, dp_expert = layout.dp, layout.dp // layout.ep
-
-    def sharded(bytes_per_param: int, stage: int) -> float:
-        if layout.zero >= stage:
-            return bytes_per_param * (dense / dp_dense + expert / dp_expert)
-        return bytes_per_param * (dense + expert)
-
-    in_flight = min(layout.micro_batches(workload), layout.pp)
-    interleave = 1 + (layout.pp - 1) / (layout.pp * layout.interleave) if layout.interleave > 1 else 1
-    acts = activation_bytes_per_layer(workload, layout.tp, layout.cp, layout.micro_batch, layout.recompute) \
-        * layers_per_stage(workload, layout) * in_flight * interleave
-    c = layout.ranks_per_chip
-    return Memory(weights=c * sharded(tr.weight_bytes, 3), gradients=c * sharded(tr.grad_bytes, 2),
-                  optimizer=c * sharded(tr.master_bytes + tr.optimizer_bytes, 1),
-                  activations=c * acts, reserve=target.runtime_reserve_bytes)
+    terms = memory_terms(workload, target, layout.axes)
+    point = f.decisions(layout, workload)
+    return Memory(**{kind: terms[kind].value(point) for kind in KINDS})
 
 
 def usable_hbm(target: Target, headroom: float) -> float:

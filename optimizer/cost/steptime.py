@@ -1,29 +1,42 @@
-"""Step time of one training step, term by term, and the FLOP counts behind it.
+"""Step time of one training step, term by term, each written once as a tree of factors.
 
 step = W + bubble + exposed DP + exposed ZeRO-3 gathers + optimizer, where
 W = compute + exposed TP + CP + EP + pipeline sends is the work of one pipeline stage
-over the m micro-batches of a step (m = global batch / (dp * micro-batch)).
+over the m micro-batches of a step (m = B / (dp * b) for global batch B, micro-batch b).
 
-- compute: hardware FLOPs / (ranks * peak per rank * efficiency(hidden / tp)).
+Every term is put in product form by substituting m * b = B / dp and
+dp = R / (tp * cp * pp) (R ranks), so that each factor depends on one decision
+(factors.py). With s the sequence, h the hidden size, a the activation bytes, L_s the
+layers of the busiest stage (ceil(L / pp)) and, per collective and span, k its seconds
+per byte and lambda its fixed seconds (collectives.coefficients):
+
+- compute[recompute, tp] = hardware FLOPs / (R * peak per rank * efficiency(h / tp)).
   Model FLOPs = 6 * active params * tokens + 3 * attention forward FLOPs (Narayanan et
   al., "Efficient Large-Scale Language Model Training on GPU Clusters", 2021, eq. 3,
   written per parameter). Full recompute repeats the forward (x 8/6); selective
   recompute repeats the attention core only (Korthikanti et al. 2022, section 5).
 - TP (Megatron with sequence parallelism, Korthikanti et al. 2022 section 4.2.2): per
-  layer and micro-batch 2 all-gathers + 2 reduce-scatters of the s*b*h activation block
-  forward and as many backward, i.e. 4 all-reduces' worth; full recompute adds the
-  forward's 2 again. The overlap kernels hide a measured fraction per link class.
+  layer and micro-batch n(recompute) all-reduces' worth (2 all-gathers + 2
+  reduce-scatters forward and as many backward = 4; full recompute adds the forward's
+  2) of the s/cp * b * h * a block:
+      n L_s pp * B s h a tp k / R  +  n L_s * m * lambda,
+  times (1 - hidden), the share the overlap kernels hide on that span (overlap.py).
 - CP (ring attention): per layer and micro-batch the K and V of the whole sequence are
-  gathered forward and their gradients reduce-scattered backward.
+  gathered forward and their gradients reduce-scattered backward:
+      2 L_s pp * max(kv heads, tp) * B cp s (2 d_head a) k / R  +  2 L_s * m * lambda.
 - EP: per MoE layer and micro-batch, dispatch and combine all-to-all forward and
-  backward (4; 6 with full recompute) of the rank's tokens x top-k x h.
-- Pipeline: 1F1B sends one activation forward and one gradient backward per
-  micro-batch and virtual stage; bubble = (p-1)/(v*m) of W (Narayanan et al. 2021).
+  backward (4; 6 with full recompute) of the rank's tokens x top-k x h:
+      n M_s pp * B s top_k h a k / R  +  n M_s * m * lambda   (M_s MoE layers per stage).
+- Pipeline sends (1F1B): one activation forward and one gradient backward per
+  micro-batch and virtual stage: v * (2 B pp s h a k / R  +  2 m lambda).
+- Bubble: (pp - 1) / (v m) * W (Narayanan et al. 2021, interleaved 1F1B).
 - DP: one gradient all-reduce per step (ZeRO-1/2: reduce-scatter + all-gather, the same
-  bytes; ZeRO-3: reduce-scatter only), overlapped with the backward of the last
-  micro-batch except the last bucket (one layer's gradients).
+  bytes; ZeRO-3: reduce-scatter only, half), the dense gradients over ep x edp and the
+  experts' over edp: cp * P g n k / R + lambda per group (n the group's size), overlapped
+  with the backward of the last micro-batch except the last bucket (one layer's):
+      exposed = max(G / L_s, G - backward share * W / m).
 - ZeRO-3: weights all-gathered forward and backward for every micro-batch, prefetched
-  under compute except the first layer's.
+  under compute except the first layer's: max(g / L_s, 2 m g - compute), g one gather.
 - Optimizer: Adam reads and writes the rank's state once, at HBM bandwidth.
 """
 
@@ -32,15 +45,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from trnopt.optimizer.cost import collectives as cc
-from trnopt.optimizer.cost import overlap as overlapdata
+from trnopt.optimizer.cost import factors as f
+from trnopt.optimizer.cost.overlap import tp_hidden
 from trnopt.optimizer.model.layout import Layout
-from trnopt.optimizer.cost.memory import layers_per_stage, params_per_rank
-from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
 BACKWARD_SHARE = {"none": 2 / 3, "selective": 2 / 3, "full": 3 / 4}  # of a micro-batch's compute
+BACKWARD_TWELFTHS = {rc: round(12 * share) for rc, share in BACKWARD_SHARE.items()}  # exact: 8, 8, 9
 
 
 def model_flops(workload: Workload) -> float:
@@ -102,57 +117,147 @@ class StepTime:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+TERMS = tuple(fl.name for fl in fields(StepTime))
+
+
+def _span_size(span) -> int:
+    return math.prod(n for _, n in span)
+
+
+def step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
+               overlap: Mapping[str, float] | None) -> dict[str, f.Expr]:
+    """Every StepTime term as a tree of factors, for layouts on ``axes`` at ``lnc``."""
+    return _step_terms(workload, target, axes, lnc, _Hashable(overlap))
+
+
+class _Hashable:
+    """Wraps the overlap table for the cache by identity (the tables are read once and never change)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __hash__(self):
+        return id(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, _Hashable) and other.value is self.value
+
+
+@lru_cache(maxsize=64)
+def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
+                overlap_key: _Hashable) -> dict[str, f.Expr]:
+    overlap = overlap_key.value
+    mdl, tr = workload.model, workload.training
+    R, c = math.prod(a.size for a in axes), axes[0].size
+    B, s, h, a = tr.global_batch, tr.seq, mdl.hidden, tr.activation_bytes
+    m = f.decision("micro_batches")
+
+    def coeff(op: str, span) -> tuple[float, float]:
+        return cc.coefficients(op, span, c) if span else (0.0, 0.0)
+
+    def per_byte(op, span):
+        return coeff(op, span)[0]
+
+    def fixed(op, span):
+        return coeff(op, span)[1]
+
+    def layers(pp):
+        return math.ceil(mdl.layers / pp)
+
+    def moe_layers(pp):
+        return math.ceil(mdl.moe_layers / pp)
+
+    compute = f.table(("recompute", "tp"), lambda rc, tp: compute_time(workload, target, tp, rc, R, lnc), "compute")
+
+    # TP: n L_s pp * B s h a tp k / R + n L_s m lambda, times (1 - hidden) after overlap
+    def tp_term(hides: bool, name: str) -> f.Expr:
+        def kept(span):
+            return 1 - tp_hidden(overlap, span) if hides else 1.0
+        return f.add(
+            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives_per_layer(rc) * layers(pp) * pp, "tp_npp"),
+                   f.table("span.tp", lambda sp: kept(sp) * B * s * h * a * _span_size(sp)
+                           * per_byte("all_reduce", sp) / R, name + "_bw")),
+            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives_per_layer(rc) * layers(pp), "tp_nl"), m,
+                   f.table("span.tp", lambda sp: kept(sp) * fixed("all_reduce", sp), name + "_lat")), name=name)
+
+    tp_raw, tp = tp_term(False, "tp_raw"), tp_term(True, "tp")
+
+    # CP: 2 L_s pp max(kv, tp) B cp s (2 d a) k / R + 2 L_s m lambda; a rank holds max(kv, tp) / tp
+    # K/V heads, and m b / tp = B cp pp / R puts cp in the span's size and pp in the count
+    kv_bytes = 2 * mdl.head_dim * a
+    cp = f.add(
+        f.prod(f.count("pp", lambda pp: 2 * layers(pp) * pp, "cp_lpp"),
+               f.count("tp", lambda tp: max(mdl.kv_heads, tp), "kv_heads"),
+               f.table("span.cp", lambda sp: B * s * kv_bytes * _span_size(sp) * per_byte("all_gather", sp) / R,
+                       "cp_bw")),
+        f.prod(f.count("pp", lambda pp: 2 * layers(pp), "cp_l"), m,
+               f.table("span.cp", lambda sp: fixed("all_gather", sp), "cp_lat")), name="cp")
+
+    # EP: n M_s pp B s top_k h a k / R + n M_s m lambda
+    top_k = mdl.moe.top_k if mdl.moe else 0
+    ep = f.add(
+        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls_per_layer(rc) * moe_layers(pp) * pp, "ep_npp"),
+               f.table("span.ep", lambda sp: B * s * top_k * h * a * per_byte("all_to_all", sp) / R, "ep_bw")),
+        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls_per_layer(rc) * moe_layers(pp), "ep_nl"), m,
+               f.table("span.ep", lambda sp: fixed("all_to_all", sp), "ep_lat")), name="ep")
+
+    # pipeline sends: v (2 B pp s h a k / R + 2 m lambda)
+    pp_send = f.prod(f.decision("interleave"), f.add(
+        f.table("span.pp", lambda sp: 2 * B * _span_size(sp) * s * h * a * per_byte("p2p", sp) / R, "pp_bw"),
+        f.prod(m, f.table("span.pp", lambda sp: 2 * fixed("p2p", sp), "pp_lat"))), name="pp_send")
+
+    work = f.add(compute, tp, cp, ep, pp_send, name="work")
+    bubble = f.ratio(f.prod(f.count("pp", lambda pp: pp - 1, "pp_minus_1"), work),
+                     f.prod(f.decision("interleave"), m), name="pp_bubble")
+
+    # DP: gradients of dense weights over span.dp (ep x edp), of experts over span.edp
+    experts = mdl.expert_params()
+    dense = mdl.total_params() - experts
+
+    def group_time(op: str, bytes_per_param: float, name: str) -> f.Expr:
+        def bw(params):
+            return lambda sp: params * bytes_per_param * _span_size(sp) * per_byte(op, sp) / R
+        cpd = f.decision("cp")
+        parts = [f.prod(cpd, f.table("span.dp", bw(dense), name + "_dense_bw")),
+                 f.table("span.dp", lambda sp: fixed(op, sp), name + "_dense_lat")]
+        if experts:
+            parts += [f.prod(cpd, f.table("span.edp", bw(experts), name + "_expert_bw")),
+                      f.table("span.edp", lambda sp: fixed(op, sp), name + "_expert_lat")]
+        return f.add(*parts, name=name)
+
+    layers_per_stage = f.count("pp", layers, "layers_per_stage")
+    # ZeRO-3 reduce-scatters only: half an all-reduce's bytes and hops
+    halves = f.count("zero", lambda z: 1 if z == 3 else 2, "dp_halves")
+    grads = f.ratio(f.prod(halves, group_time("all_reduce", tr.grad_bytes, "dp_all_reduce")), 2, name="dp_comm")
+    window = f.ratio(f.prod(f.count("recompute", BACKWARD_TWELFTHS.get, "backward_twelfths"), work),
+                     f.prod(m, coef=12), name="dp_window")
+    dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
+
+    # ZeRO-3: the indicator first, so that no product of a huge gather outgrows the solver's range
+    gather = f.prod(f.indicator("zero", lambda z: z == 3, "zero3"), group_time("all_gather", tr.weight_bytes, "z3"))
+    zero3 = f.maximum(f.ratio(gather, layers_per_stage), f.sub(f.prod(m, gather, coef=2), compute), name="zero3")
+
+    # optimizer: 2 * state bytes of the rank's (sharded) parameters at HBM bandwidth per rank
+    seconds_per_param = 2 * tr.state_bytes_per_param * c / target.chip.hbm_bandwidth
+    z0 = f.indicator("zero", lambda z: z == 0, "zero0")
+    sharded = f.indicator("zero", lambda z: z >= 1, "zero_ge1")
+    optimizer = f.prod(f.decision("cp"), f.add(
+        f.prod(z0, f.decision("dp"), coef=seconds_per_param * dense / R),
+        f.prod(z0, f.decision("edp"), coef=seconds_per_param * experts / R),
+        f.prod(sharded, coef=seconds_per_param * (dense + experts) / R)), name="optimizer")
+
+    return {"compute": compute, "tp": tp, "cp": cp, "ep": ep, "pp_send": pp_send, "pp_bubble": bubble, "dp": dp,
+            "zero3": zero3, "optimizer": optimizer, "tp_raw": tp_raw}
+
+
 def step_time(workload: Workload, layout: Layout, target: Target,
               overlap: Mapping[str, float] | None = None) -> StepTime:
     """The step-time breakdown of ``layout`` (see the module docstring for every term).
 
     ``overlap`` gives the fraction of TP communication the overlap kernels hide: the
-    measured table (overlapdata.OverlapTable, by TP degree and link class) or a plain
+    measured table (overlap.OverlapTable, by TP degree and link class) or a plain
     mapping link class -> fraction; what it does not cover hides nothing.
     """
-    mdl, tr = workload.model, workload.training
-    c, L = layout.ranks_per_chip, layers_per_stage(workload, layout)
-    m = layout.micro_batches(workload)
-    s_local, b, h = tr.seq / layout.cp, layout.micro_batch, mdl.hidden
-    act = tr.activation_bytes
-
-    def time(op: str, size: float, *dims: str) -> float:
-        return cc.collective_time(op, size, layout.span(*dims), c)
-
-    compute = compute_time(workload, target, layout.tp, layout.recompute, layout.ranks, layout.lnc)
-
-    block = s_local * b * h * act
-    tp_raw = m * L * tp_collectives_per_layer(layout.recompute) * time("all_reduce", block, "tp")
-    tp = tp_raw * (1 - overlapdata.tp_hidden(overlap, layout.span("tp")))
-
-    kv = tr.seq * b * 2 * max(mdl.kv_heads, layout.tp) // layout.tp * mdl.head_dim * act
-    cp = m * L * 2 * time("all_gather", kv, "cp")
-
-    moe_per_stage = math.ceil(mdl.moe_layers / layout.pp)
-    tokens = s_local * b / layout.tp * (mdl.moe.top_k if mdl.moe else 0) * h * act
-    ep = m * moe_per_stage * ep_alltoalls_per_layer(layout.recompute) * time("all_to_all", tokens, "ep")
-
-    pp_send = m * 2 * layout.interleave * time("p2p", block / layout.tp, "pp") if layout.pp > 1 else 0.0
-
-    work = compute + tp + cp + ep + pp_send
-    bubble = (layout.pp - 1) / (layout.interleave * m) * work
-
-    dense, expert = params_per_rank(workload, layout)
-    share = 0.5 if layout.zero == 3 else 1.0
-    dp_total = share * (time("all_reduce", dense * tr.grad_bytes, "ep", "dp")
-                        + time("all_reduce", expert * tr.grad_bytes, "dp"))
-    window = BACKWARD_SHARE[layout.recompute] * work / m
-    dp = max(dp_total / L, dp_total - window) if dp_total else 0.0
-
-    zero3 = 0.0
-    if layout.zero == 3:
-        gathers = 2 * m * (time("all_gather", dense * tr.weight_bytes, "ep", "dp")
-                           + time("all_gather", expert * tr.weight_bytes, "dp"))
-        zero3 = max(gathers / (2 * m * L), gathers - compute)
-
-    opt_params = dense / (layout.dp if layout.zero >= 1 else 1) + expert / (
-        layout.dp // layout.ep if layout.zero >= 1 else 1)
-    optimizer = 2 * opt_params * tr.state_bytes_per_param / (target.chip.hbm_bandwidth / c)
-
-    return StepTime(compute=compute, tp=tp, cp=cp, ep=ep, pp_send=pp_send, pp_bubble=bubble, dp=dp,
-                    zero3=zero3, optimizer=optimizer, tp_raw=tp_raw)
+    terms = step_terms(workload, target, layout.axes, layout.lnc, overlap)
+    point = f.decisions(layout, workload)
+    return StepTime(**{name: terms[name].value(point) for name in TERMS})

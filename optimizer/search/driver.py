@@ -1,5 +1,11 @@
-"""The whole search a user asks for: every LNC, the fewest domains that fit, runner-ups, and
-an answer (not a traceback) when nothing fits."""
+"""The whole search a user asks for: every LNC's space, the cutoff between them, the goodput
+objective's two phases, the runner-ups, and the obvious alternatives with why each lost.
+
+Determinism: the best layout of a space is proven (or its gap stated) within the wall-clock
+limit; the runner-up solves run on CP-SAT's deterministic time (one worker), so the
+same command prints the same runner-ups on a loaded machine as on an idle one, and the
+result says when that budget cut them short.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,32 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from trnopt.optimizer.errors import InfeasibleError
-from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
-from trnopt.optimizer.model.layout import Layout, default_placement
-from trnopt.optimizer.cost.memory import sharded_state_per_chip, usable_hbm
-from trnopt.optimizer.defaults import WORKERS as DEFAULT_WORKERS
-from trnopt.optimizer.search.cpsat import fits, greedy_layout, minimum_memory, solve_space
+from trnopt.optimizer import defaults
+from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.search.space import Space
+from trnopt.optimizer.errors import InfeasibleError
+from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import GIB
+from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, SolverMismatch, check_agreement, solver_for
+from trnopt.optimizer.search.hint import greedy_layout
+from trnopt.optimizer.search.space import Space
 
-MAX_DOMAINS = 64
+RUNNER_UP_DETERMINISTIC_S = 5.0  # CP-SAT deterministic seconds per runner-up solve
+
+
+@dataclass
+class LnCResult:
+    """One LNC's answer: the best layout found, its status and proven bound, and runner-ups."""
+
+    lnc: int
+    status: str  # OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN, or NO_BETTER (nothing beats the cutoff)
+    evaluation: Evaluation | None
+    objective: float
+    bound: float
+    seconds: float
+    runners_up: list[Evaluation] = field(default_factory=list)
+    rounding: float = 0.0  # seconds: how far the integer objective may be from the cost model's
+    runners_up_cut: bool = False  # the runner-up budget ended before every runner-up asked for
 
 
 @dataclass(frozen=True)
@@ -38,10 +59,78 @@ class SearchResult:
     runners_up: list[Evaluation] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
     domains_note: str = ""
+    runners_up_cut: bool = False
 
 
-def solve(problem: Problem, time_limit: float = 60.0, workers: int = DEFAULT_WORKERS, seed: int = 0, top: int = 3) -> SearchResult:
+def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
+                seed: int = defaults.SEED, runners_up: int = 0, cutoff: float | None = None,
+                deterministic_limit: float | None = None) -> LnCResult:
+    """Solve one LNC's space; re-score the answer with the cost model and check they agree.
+
+    ``cutoff`` (the objective of a layout found elsewhere, e.g. at another LNC) keeps only
+    layouts at least as good: status NO_BETTER then proves there is none, usually at once.
+    When the limit ends the search before CP-SAT found a layout, the greedy layout (the
+    model's hint) is the answer, with CP-SAT's proven bound.
+    """
+    start = time.perf_counter()
+    p = space.problem
+    bound = None
+    if p.objective == "goodput":
+        # the step-time optimum S with goodput g bounds the goodput optimum's step: S / g / min goodput
+        first = solve_space(Space(replace(p, objective="step-time"), space.lnc), time_limit / 2, workers, seed,
+                            deterministic_limit=deterministic_limit)
+        if first.evaluation is None:
+            return first
+        bound = p.score(first.evaluation) * 1.000001 + 1e-12
+        time_limit = max(1.0, time_limit - (time.perf_counter() - start))
+    if cutoff is not None:
+        # Prove first that nothing beats the cutoff, usually at once. Without interleaving:
+        # CP-SAT 9.15 aborts ("heuristics.fixed_search != nullptr") when an interleaved search
+        # meets a model that the cutoff makes infeasible.
+        probe = LayoutModel(space, step_bound=bound)
+        probe.model.add(probe.objective.expr <= math.floor(cutoff * (1 + 1e-6) / probe.objective_unit) + 1)
+        if STATUS[solver_for(time_limit, workers, seed, False, deterministic_limit).solve(probe.model)] == "INFEASIBLE":
+            return LnCResult(space.lnc, "NO_BETTER", None, math.inf, math.inf, time.perf_counter() - start)
+        time_limit = max(1.0, time_limit - (time.perf_counter() - start))
+    lm = LayoutModel(space, step_bound=bound)
+    hint = greedy_layout(space)
+    if hint is not None:
+        lm.hint(hint)
+    solver = solver_for(time_limit, workers, seed, deterministic_limit=deterministic_limit)
+    status = STATUS[solver.solve(lm.model)]
+    if status not in ("OPTIMAL", "FEASIBLE"):
+        if status == "UNKNOWN" and hint is not None and p.score(p.evaluate(hint)) < (cutoff or math.inf):
+            e = p.evaluate(hint)
+            return LnCResult(space.lnc, "FEASIBLE", e, p.score(e), solver.best_objective_bound * lm.objective_unit,
+                             time.perf_counter() - start)
+        return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start)
+    e = p.evaluate(lm.layout(solver))
+    check_agreement(lm, solver, e)
+    objective = p.score(e)
+    scale = objective / solver.objective_value if solver.objective_value else 0.0
+    result = LnCResult(space.lnc, status, e, objective, solver.best_objective_bound * scale,
+                       time.perf_counter() - start, rounding=lm.objective.error(solver.value) * lm.objective_unit)
+    for _ in range(runners_up):
+        lm.forbid_degrees(result.runners_up[-1].layout if result.runners_up else e.layout)
+        lm.model.clear_hints()
+        # one worker on deterministic time: the same runner-ups on any machine, and clear of
+        # the interleaved-search abort noted above
+        sub = solver_for(time_limit, 1, seed, deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
+        sub_status = STATUS[sub.solve(lm.model)]
+        if sub_status == "INFEASIBLE":
+            break
+        if sub_status not in ("OPTIMAL", "FEASIBLE"):
+            result.runners_up_cut = True
+            break
+        result.runners_up.append(p.evaluate(lm.layout(sub)))
+    return result
+
+
+def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
+          seed: int = defaults.SEED, top: int = defaults.TOP, deterministic_limit: float | None = None) -> SearchResult:
     """Solve every LNC's space within ``time_limit`` in all; raise InfeasibleError with the explanation."""
+    from trnopt.optimizer.search.domains import explain_infeasible
+
     start = time.perf_counter()
     results = []
     # the target's default LNC first; its optimum is then a cutoff for the others, which
@@ -51,7 +140,8 @@ def solve(problem: Problem, time_limit: float = 60.0, workers: int = DEFAULT_WOR
     for i, space in enumerate(spaces):
         remaining = max(1.0, (time_limit - (time.perf_counter() - start)) / (len(spaces) - i))
         incumbent = min((r.objective for r in results if r.evaluation is not None), default=None)
-        results.append(solve_space(space, remaining, workers, seed, runners_up=top, cutoff=incumbent))
+        results.append(solve_space(space, remaining, workers, seed, runners_up=top, cutoff=incumbent,
+                                   deterministic_limit=deterministic_limit))
     found = [r for r in results if r.evaluation is not None]
     if not found:
         if all(r.status == "INFEASIBLE" for r in results):
@@ -63,10 +153,10 @@ def solve(problem: Problem, time_limit: float = 60.0, workers: int = DEFAULT_WOR
     proven = all(r.status in ("OPTIMAL", "INFEASIBLE", "NO_BETTER") for r in results)
     gap = 0.0 if proven else max(0.0, (best.objective - bound) / best.objective)
     runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e is not best.evaluation),
-                     key=lambda e: objective_value(e, problem.objective))[:top]
+                     key=problem.score)[:top]
     return SearchResult(problem, best.evaluation, "OPTIMAL" if proven else "FEASIBLE", gap,
                         time.perf_counter() - start, sum(s.size() for s in spaces), runners,
-                        alternatives(problem, best.evaluation))
+                        alternatives(problem, best.evaluation), runners_up_cut=any(r.runners_up_cut for r in results))
 
 
 def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
@@ -88,7 +178,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
         if rc != lay.recompute:
             out.append((f"{rc} recompute instead of {lay.recompute}", replace(lay, recompute=rc)))
     result, seen = [], {lay}
-    base = objective_value(best, p.objective)
+    base = p.score(best)
     for name, alt in out:
         if alt in seen or alt.workload_problems(p.workload):
             continue
@@ -97,51 +187,16 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
         if not e.fits:
             verdict = f"over memory: {e.memory.total / GIB:.1f} GiB/chip > {e.usable_bytes / GIB:.1f} usable"
         else:
-            verdict = f"slower by {100 * (objective_value(e, p.objective) / base - 1):.2g}%"
+            verdict = f"slower by {100 * (p.score(e) / base - 1):.2g}%"
         result.append(Alternative(name, e, verdict))
     return result
 
 
-def least_memory(problem: Problem, workers: int = DEFAULT_WORKERS, seed: int = 0) -> float:
-    """A floor on the memory per chip (bytes) every layout needs on this problem's machine."""
-    values = [minimum_memory(Space(problem, lnc), workers=workers, seed=seed) for lnc in problem.lnc_values]
-    return min((v for v in values if v is not None), default=math.inf)
-
-
-def explain_infeasible(problem: Problem, workers: int = DEFAULT_WORKERS, seed: int = 0) -> str:
-    """What the least memory any layout needs is, against what the target has, and what would fit."""
-    need = least_memory(problem, workers, seed)
-    have = usable_hbm(problem.target, problem.headroom)
-    t = problem.target
-    lines = [f"no layout fits: the least memory any layout needs is at least {need / GIB:.1f} GiB per chip "
-             f"(already with the best ZeRO stage and recomputation), against {have / GIB:.1f} GiB usable "
-             f"({t.chip.hbm_bytes / GIB:.0f} GiB HBM less {problem.headroom:.0%} headroom)"]
-    fits = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed)
-    if fits is not None:
-        lines.append(f"what would fit: {fits} domains ({fits * t.chips_per_domain} chips) - "
-                     f"{domain_flag(t, fits)}")
-    else:
-        lines.append(f"what would fit: nothing up to {MAX_DOMAINS} domains; a smaller global batch or sequence, "
-                     "or a smaller headroom (--headroom)")
-    return "; ".join(lines)
-
-
-def fewest_domains(problem: Problem, start: int = 1, workers: int = DEFAULT_WORKERS, seed: int = 0) -> int | None:
-    """The fewest domains (from ``start``) on which some layout fits with the headroom."""
-    have = usable_hbm(problem.target, problem.headroom)
-    t, w = problem.target, problem.workload
-    state = sharded_state_per_chip(w.model.total_params(), 1, w.training.state_bytes_per_param)
-    for domains in range(start, MAX_DOMAINS + 1):
-        # the training state sharded over every chip, plus the reserve, is a floor no layout beats
-        if state / (domains * t.chips_per_domain) + t.runtime_reserve_bytes > have:
-            continue
-        bigger = replace(problem, domains=domains)
-        if any(fits(Space(bigger, lnc), workers=workers, seed=seed) for lnc in bigger.lnc_values):
-            return domains
-    return None
-
-
-def domain_flag(target, domains: int) -> str:
-    if target.instances_per_domain > 1:
-        return f"--ultraservers {domains}"
-    return f"--instances {domains}"
+def score_layout(space: Space, layout: Layout, workers: int = 1) -> tuple[float, float]:
+    """(objective, rounding) of one layout in the CP-SAT model, in the objective's seconds."""
+    lm = LayoutModel(space, scoring=True)
+    lm.fix(layout)
+    solver = solver_for(30.0, workers, 0)
+    if STATUS[solver.solve(lm.model)] != "OPTIMAL":
+        raise SolverMismatch(f"the model rejects {layout.describe()} [{layout.placement_text()}]")
+    return solver.objective_value * lm.objective_unit, lm.objective.error(solver.value) * lm.objective_unit

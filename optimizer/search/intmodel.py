@@ -125,6 +125,12 @@ class IntModel:
         self.model.add_max_equality(v.expr, [a.expr, b.expr])
         return v
 
+    def minimum(self, a: Term, b: Term, name: str) -> Term:
+        ea, eb = a.error, b.error
+        v = self.var(min(a.lo, b.lo), min(a.hi, b.hi), name, error=lambda value: max(ea(value), eb(value)))
+        self.model.add_min_equality(v.expr, [a.expr, b.expr])
+        return v
+
     def one_hot(self, values: tuple, name: str) -> list:
         bools = [self.model.new_bool_var(f"{name}={v}") for v in values]
         self.model.add_exactly_one(bools)

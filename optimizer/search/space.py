@@ -64,6 +64,10 @@ class Space:
         pp = tuple(d for d in divisors(r) if d <= m.layers)
         return {"tp": tp, "cp": cp, "ep": ep, "dp": divisors(r), "pp": pp}
 
+    @property
+    def interleaves(self) -> tuple[int, ...]:
+        return INTERLEAVES
+
     @cached_property
     def micro_batches(self) -> tuple[int, ...]:
         return tuple(b for b in MICRO_BATCHES if self.problem.workload.training.global_batch % b == 0)

@@ -12,8 +12,8 @@ from trnopt.optimizer.search.bruteforce import brute_force
 from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.cost.evaluate import evaluate, objective_value
 from trnopt.optimizer.model.layout import Layout, default_placement
-from trnopt.optimizer.search.driver import explain_infeasible, solve
-from trnopt.optimizer.search.cpsat import score_layout, solve_space
+from trnopt.optimizer.search.domains import explain_infeasible
+from trnopt.optimizer.search.driver import score_layout, solve, solve_space
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import load_target, parse_target

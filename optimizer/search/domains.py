@@ -1,0 +1,87 @@
+"""How many domains a problem needs, and why nothing fits when nothing does.
+
+Both ask CP-SAT about memory only (the layout model with memory as its objective, or as
+its only constraint): the least memory any layout of a space needs, and whether any
+layout fits the HBM less the headroom.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from trnopt.optimizer import defaults
+from trnopt.optimizer.cost.memory import sharded_state_per_chip, usable_hbm
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.model.target import GIB
+from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, solver_for
+from trnopt.optimizer.search.space import Space
+
+MAX_DOMAINS = 64
+
+
+def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = defaults.WORKERS,
+                   seed: int = defaults.SEED) -> float | None:
+    """A floor on the memory per chip (bytes) every layout of the space needs, HBM limit ignored:
+    the least memory when proven within the time limit, else CP-SAT's proven bound."""
+    lm = LayoutModel(space, memory_objective=True)
+    solver = solver_for(time_limit, workers, seed, interleave=False)  # the bound is the answer, not the layout
+    if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
+        return None
+    return solver.best_objective_bound
+
+
+def fits(space: Space, time_limit: float = 20.0, workers: int = defaults.WORKERS,
+         seed: int = defaults.SEED) -> bool | None:
+    """Whether some layout of the space fits the HBM limit (None: undecided within the time limit)."""
+    lm = LayoutModel(space, memory_objective=True)
+    lm.model.add(lm.memory.expr <= int(space.problem.target.chip.hbm_bytes * (1 - space.problem.headroom)))
+    lm.model.clear_objective()
+    solver = solver_for(time_limit, workers, seed, interleave=False)  # yes or no, not a layout
+    status = STATUS[solver.solve(lm.model)]
+    return {"OPTIMAL": True, "FEASIBLE": True, "INFEASIBLE": False}.get(status)
+
+
+def least_memory(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED) -> float:
+    """A floor on the memory per chip (bytes) every layout needs on this problem's machine."""
+    values = [minimum_memory(Space(problem, lnc), workers=workers, seed=seed) for lnc in problem.lnc_values]
+    return min((v for v in values if v is not None), default=math.inf)
+
+
+def explain_infeasible(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED) -> str:
+    """What the least memory any layout needs is, against what the target has, and what would fit."""
+    need = least_memory(problem, workers, seed)
+    have = usable_hbm(problem.target, problem.headroom)
+    t = problem.target
+    lines = [f"no layout fits: the least memory any layout needs is at least {need / GIB:.1f} GiB per chip "
+             f"(already with the best ZeRO stage and recomputation), against {have / GIB:.1f} GiB usable "
+             f"({t.chip.hbm_bytes / GIB:.0f} GiB HBM less {problem.headroom:.0%} headroom)"]
+    fits = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed)
+    if fits is not None:
+        lines.append(f"what would fit: {fits} domains ({fits * t.chips_per_domain} chips) - "
+                     f"{domain_flag(t, fits)}")
+    else:
+        lines.append(f"what would fit: nothing up to {MAX_DOMAINS} domains; a smaller global batch or sequence, "
+                     "or a smaller headroom (--headroom)")
+    return "; ".join(lines)
+
+
+def fewest_domains(problem: Problem, start: int = 1, workers: int = defaults.WORKERS, seed: int = defaults.SEED) -> int | None:
+    """The fewest domains (from ``start``) on which some layout fits with the headroom."""
+    have = usable_hbm(problem.target, problem.headroom)
+    t, w = problem.target, problem.workload
+    state = sharded_state_per_chip(w.model.total_params(), 1, w.training.state_bytes_per_param)
+    for domains in range(start, MAX_DOMAINS + 1):
+        # the training state sharded over every chip, plus the reserve, is a floor no layout beats
+        if state / (domains * t.chips_per_domain) + t.runtime_reserve_bytes > have:
+            continue
+        bigger = replace(problem, domains=domains)
+        if any(fits(Space(bigger, lnc), workers=workers, seed=seed) for lnc in bigger.lnc_values):
+            return domains
+    return None
+
+
+def domain_flag(target, domains: int) -> str:
+    if target.instances_per_domain > 1:
+        return f"--ultraservers {domains}"
+    return f"--instances {domains}"
