@@ -15,7 +15,8 @@ import ml_dtypes
 import numpy as np
 
 from . import rates
-from .errors import ConstraintError, SimulatorError
+from . import tiles as _tiles
+from .errors import ConstraintError, SimulatorError, SymmetryError
 from .state import current as _current
 from .registers import VirtualRegister
 from .tensor import MemoryRegion, NkiTensor
@@ -33,6 +34,11 @@ float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
 int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
 uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 bool_ = np.dtype(np.bool_)
+# 4x packed 8-bit (and 4-bit pairs) types of nc_matmul_mx / quantize_mx: 32-bit containers,
+# kept distinct from uint32 so that a packed tensor is never taken for integers
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", np.uint32)])
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", np.uint32)])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", np.uint16)])
 
 # --- buffers ------------------------------------------------------------------------------
 sbuf = MemoryRegion.sbuf
@@ -177,59 +183,270 @@ def is_sbuf(buffer):
     return buffer is sbuf
 
 
-# --- element-wise functions, used as ``op`` ------------------------------------------------
-def _np(op: str, *xs: Any) -> list[np.ndarray]:
-    if any(isinstance(x, NkiTensor) for x in xs):
-        raise ConstraintError(f"nl.{op} on tiles is not simulated; use it as the op of an ISA "
-                              f"instruction, e.g. nisa.tensor_tensor(dst, a, b, op=nl.{op})")
+# --- math functions: on tiles (a new tile, see ``tiles``) or, as the op of ISA instructions,
+# on NumPy arrays ----------------------------------------------------------------------------
+def _np(xs: tuple, integer: bool) -> list[Any]:
+    if integer:
+        return [np.asarray(x) for x in xs]
     return [np.asarray(x, dtype=np.float32) if not isinstance(x, np.ndarray) else x for x in xs]
 
 
-def _cast(r: np.ndarray, dtype: Any) -> np.ndarray:
-    return r if dtype is None else r.astype(dtype)
+def _cast(r: Any, dtype: Any) -> Any:
+    return r if dtype is None else np.asarray(r).astype(dtype)
 
 
-def _binary(name: str, fn: Any) -> Any:
-    """``nl.<name>(x, y, dtype=None)``: ``fn`` on NumPy operands, cast to ``dtype``."""
+def _binary(name: str) -> Any:
+    fn = _tiles.BINARY[name]
+
     def op(x, y, dtype=None):
-        a, b = _np(name, x, y)
-        return _cast(fn(a, b), dtype)
+        if _tiles.has_tile(x, y):
+            return _tiles.elementwise(name, fn, (x, y), dtype)
+        return _cast(fn(*_np((x, y), name in _tiles.INTEGER_OPS)), dtype)
     op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"nl.{name}(x, y): element-wise on tiles (a new SBUF tile) or NumPy arrays."
     return op
 
 
-def _unary(name: str, fn: Any) -> Any:
-    """``nl.<name>(x, dtype=None)``: ``fn`` on a NumPy operand, cast to ``dtype``."""
+def _unary(name: str) -> Any:
+    fn = _tiles.UNARY[name]
+
     def op(x, dtype=None):
-        (a,) = _np(name, x)
-        return _cast(fn(a), dtype)
+        if _tiles.has_tile(x):
+            return _tiles.elementwise(name, fn, (x,), dtype)
+        return _cast(fn(*_np((x,), name in _tiles.INTEGER_OPS)), dtype)
     op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"nl.{name}(x): element-wise on a tile (a new SBUF tile) or a NumPy array."
     return op
 
 
-add = _binary("add", np.add)
-subtract = _binary("subtract", np.subtract)
-multiply = _binary("multiply", np.multiply)
-divide = _binary("divide", np.divide)
-maximum = _binary("maximum", np.maximum)
-minimum = _binary("minimum", np.minimum)
-power = _binary("power", np.power)
+def _reduction(name: str) -> Any:
+    fn = _tiles.REDUCTIONS[name]
 
-copy = _unary("copy", np.array)
-exp = _unary("exp", np.exp)
-log = _unary("log", np.log)
-sqrt = _unary("sqrt", np.sqrt)
-rsqrt = _unary("rsqrt", lambda a: 1.0 / np.sqrt(a))
-reciprocal = _unary("reciprocal", lambda a: 1.0 / a)
-abs = _unary("abs", np.abs)  # noqa: A001 - the reference name
-negative = _unary("negative", np.negative)
-square = _unary("square", np.square)
-tanh = _unary("tanh", np.tanh)
-sigmoid = _unary("sigmoid", lambda a: 1.0 / (1.0 + np.exp(-a)))
-relu = _unary("relu", lambda a: np.maximum(a, 0))
-silu = _unary("silu", lambda a: a / (1.0 + np.exp(-a)))
-gelu_apprx_tanh = _unary("gelu_apprx_tanh",
-                         lambda a: 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a ** 3))))
+    def op(x, axis, dtype=None, keepdims=False):
+        if _tiles.has_tile(x):
+            return _tiles.reduction(name, fn, x, axis, dtype, keepdims)
+        return _cast(fn(np.asarray(x, dtype=np.float32), axis=axis, keepdims=keepdims), dtype)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"nl.{name}(x, axis): reduction over free axes of a tile (a new SBUF tile)."
+    return op
 
+
+add, subtract, multiply, divide = (_binary(n) for n in ("add", "subtract", "multiply", "divide"))
+maximum, minimum, power, fmod, mod = (_binary(n) for n in ("maximum", "minimum", "power", "fmod", "mod"))
+abs_max, abs_min = _binary("abs_max"), _binary("abs_min")
+equal, not_equal, greater, greater_equal, less, less_equal = (
+    _binary(n) for n in ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal"))
+logical_and, logical_or, logical_xor = (_binary(n) for n in ("logical_and", "logical_or", "logical_xor"))
+bitwise_and, bitwise_or, bitwise_xor = (_binary(n) for n in ("bitwise_and", "bitwise_or", "bitwise_xor"))
+left_shift, right_shift = _binary("left_shift"), _binary("right_shift")
+
+copy, exp, log, sqrt, rsqrt, reciprocal = (_unary(n) for n in ("copy", "exp", "log", "sqrt", "rsqrt", "reciprocal"))
+abs, negative, square, tanh, sigmoid, relu = (  # noqa: A001 - the reference name
+    _unary(n) for n in ("abs", "negative", "square", "tanh", "sigmoid", "relu"))
+silu, silu_dx, gelu, gelu_dx = (_unary(n) for n in ("silu", "silu_dx", "gelu", "gelu_dx"))
+gelu_apprx_tanh, gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx = (
+    _unary(n) for n in ("gelu_apprx_tanh", "gelu_apprx_sigmoid", "gelu_apprx_sigmoid_dx"))
+erf, erf_dx, sin, cos, tan, arctan = (_unary(n) for n in ("erf", "erf_dx", "sin", "cos", "tan", "arctan"))
+ceil, floor, trunc, sign, softplus, mish = (_unary(n) for n in ("ceil", "floor", "trunc", "sign", "softplus", "mish"))
+invert, logical_not = _unary("invert"), _unary("logical_not")
+
+sum, max, min, mean, prod, var, all = (  # noqa: A001 - the reference names
+    _reduction(n) for n in ("sum", "max", "min", "mean", "prod", "var", "all"))
 
 _REDUCE_OPS = (add, minimum, maximum)
+
+
+def _op_only(name: str, fn: Any) -> Any:
+    """An ``op`` of ISA instructions that is not a function of nki.language (bypass, ...)."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+bypass = _op_only("bypass", lambda x, y=None: x)  # passes data through: skips a tensor_scalar stage
+average = _op_only("average", lambda x, y=None: x)  # the reduce op of pooling (a mean over the window)
+prelu = _op_only("prelu", lambda x, alpha=0.0: np.where(x >= 0, x, x * alpha))
+
+
+def load(src, dtype=None):
+    """A new SBUF tile holding the HBM tensor ``src`` (converted to ``dtype``)."""
+    return _tiles.load(src, dtype)
+
+
+def store(dst, value):
+    """Store the SBUF tile ``value`` into the HBM tensor ``dst``."""
+    _tiles.store(dst, value)
+
+
+def matmul(x, y, transpose_x=False):
+    """``x @ y`` (``x.T @ y`` with transpose_x) into a new FP32 PSUM tile."""
+    return _tiles.matmul(x, y, transpose_x)
+
+
+def transpose(x, dtype=None):
+    """The 2-D tile ``x`` transposed (partition <-> free), in PSUM."""
+    return _tiles.transpose(x, dtype)
+
+
+def load_transpose2d(src, dtype=None):
+    """``src`` (a 2-D HBM tensor) loaded into SBUF transposed."""
+    return _tiles.load(src.permute((1, 0)) if src.ndim == 2 else src, dtype)
+
+
+def broadcast_to(x, shape, dtype=None):
+    """``x`` broadcast to ``shape`` (same rank; dims of size 1 broadcast), NumPy rules."""
+    shape = tuple(int(s) for s in shape)
+    if tuple(x.shape) == shape and (dtype is None or np.dtype(dtype) == x.dtype):
+        return x
+    if len(shape) != x.ndim:
+        raise ConstraintError(f"nl.broadcast_to: shape {shape} must have the rank of the tile {x.shape}")
+    return _tiles.elementwise("broadcast_to", lambda a: np.broadcast_to(a, shape), (x,), dtype, shape=shape)
+
+
+def expand_dims(x, axis):
+    """A view of ``x`` with a new dim of size 1 at ``axis``."""
+    axis = int(axis) % (x.ndim + 1)
+    return x.reshape(x.shape[:axis] + (1,) + x.shape[axis:])
+
+
+def where(condition, x, y, dtype=None):
+    """Elements of ``x`` where ``condition`` is non-zero, else of ``y``."""
+    return _tiles.elementwise("where", lambda c, a, b: np.where(c != 0, a, b), (condition, x, y),
+                              dtype if dtype is not None else next(
+                                  t.dtype for t in (x, y, condition) if isinstance(t, NkiTensor)))
+
+
+def softmax(x, axis=-1, dtype=None):
+    """exp(x - max) / sum(exp(x - max)) along free ``axis``."""
+    def fn(a):
+        ax = tuple(int(v) for v in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        e = np.exp(a - np.max(a, axis=ax, keepdims=True))
+        return e / np.sum(e, axis=ax, keepdims=True)
+    return _tiles.elementwise("softmax", fn, (x,), dtype)
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
+    """``x / sqrt(sum(x^2 along axis) / n + epsilon) * w``."""
+    def fn(a, b):
+        ax = tuple(int(v) for v in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        return a / np.sqrt(np.sum(a * a, axis=ax, keepdims=True) / n + epsilon) * b
+    return _tiles.elementwise("rms_norm", fn, (x, w), dtype)
+
+
+def gather_flattened(data, indices, axis=0, dtype=None):
+    """Per partition, ``data[p, indices[p, j]]`` over the flattened free dims."""
+    def fn(d, i):
+        flat = d.reshape(d.shape[0], -1)
+        return np.take_along_axis(flat, i.reshape(i.shape[0], -1).astype(np.int64), axis=1).reshape(i.shape)
+    ctx = _ctx("gather_flattened")
+    out = _tiles.new_tile(ctx, "gather_flattened", tuple(indices.shape), dtype or data.dtype)
+    if ctx.numerics:
+        ctx.write(out, fn(np.asarray(ctx.read(data, "nl.gather_flattened", None, "data")),
+                          np.asarray(ctx.read(indices, "nl.gather_flattened", None, "indices"))))
+    ctx.issue("nl.gather_flattened", None, "GpSimd", rates.elementwise_seconds(indices.size // indices.shape[0]),
+              [data, indices], [out])
+    return out
+
+
+def device_print(print_prefix, tensor):
+    """Print ``print_prefix`` and the tensor's values to stdout (as the CPU simulator does)."""
+    ctx = _ctx("device_print")
+    if ctx.numerics and isinstance(tensor, NkiTensor):
+        print(print_prefix, np.array(tensor.array()))
+    else:
+        print(print_prefix, tensor)
+
+
+def dynamic_range(start, stop=None, step=1):
+    """A loop run on the device with register (or int) bounds; ``step`` a positive int."""
+    from .registers import runtime_int
+    if isinstance(step, VirtualRegister) or int(step) <= 0:
+        raise ConstraintError(f"nl.dynamic_range: step must be a positive compile-time int, got {step!r}")
+    lo, hi = (0, start) if stop is None else (start, stop)
+    ctx = _ctx("dynamic_range")
+    for b in (lo, hi):
+        if isinstance(b, VirtualRegister) and b.lanes is not None and ctx.rendezvous.symmetric:
+            raise SymmetryError(f"{ctx.where('nl.dynamic_range')}: loop bound differs between ranks; a "
+                                f"symmetric run cannot follow the other ranks' loops (run with symmetric=False)")
+    return (VirtualRegister(i, frozen=True) for i in range(runtime_int(lo, "dynamic_range start"),
+                                                           runtime_int(hi, "dynamic_range stop"), int(step)))
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """``body_fun(i)`` for i in [lower, upper) by ``step``, ``i`` a register."""
+    for i in dynamic_range(lower, upper, step):
+        body_fun(i)
+
+
+def while_loop(init, body_fun):
+    """Run ``body_fun`` while the register ``init`` is non-zero (body_fun updates it)."""
+    from .registers import runtime_int
+    while runtime_int(init, "while_loop condition") != 0:
+        body_fun()
+
+
+def no_reorder():
+    """A block whose instructions the compiler keeps in program order (the simulator runs
+    every instruction in program order already)."""
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def shared_constant(constant):
+    """A shared_hbm tensor holding ``constant`` (an array or a .npy path)."""
+    arr = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    ctx = _ctx("shared_constant")
+    t = ctx.allocate(arr.shape, arr.dtype, shared_hbm, op="nl.shared_constant")
+    if ctx.numerics:
+        ctx.write(t, arr)
+    elif t.alloc.written is not None:
+        t.alloc.written[...] = True
+    return t
+
+
+def shared_identity_matrix(n, dtype=uint8, dst=None):
+    """An n x n identity matrix in SBUF (into ``dst`` when given)."""
+    ctx = _ctx("shared_identity_matrix")
+    t = dst if dst is not None else ctx.allocate((n, n), dtype, sbuf, op="nl.shared_identity_matrix")
+    if ctx.numerics:
+        ctx.write(t, np.eye(n, dtype=np.float32))
+    ctx.issue("nl.shared_identity_matrix", None, "GpSimd", rates.elementwise_seconds(n), [], [t])
+    return t
+
+
+def _rng_state() -> Any:
+    ctx = _ctx("rand")
+    if not hasattr(ctx, "rng"):
+        ctx.rng = np.random.default_rng(0)
+    return ctx
+
+
+def random_seed(seed):
+    """Seed the random numbers of ``nl.rand`` / ``nl.dropout`` (per program)."""
+    ctx = _rng_state()
+    seed_v = np.asarray(ctx.read(seed, "nl.random_seed", None, "seed")).reshape(-1)[0] \
+        if isinstance(seed, NkiTensor) and ctx.numerics else seed
+    ctx.rng = np.random.default_rng(int(seed_v) if not isinstance(seed_v, NkiTensor) else 0)
+
+
+def rand(shape, dtype, buffer=sbuf, name=''):
+    """A new tile of uniform random numbers in [0, 1)."""
+    ctx = _rng_state()
+    t = ctx.allocate(shape, dtype, buffer, name, op="nl.rand")
+    if ctx.numerics:
+        ctx.write(t, ctx.rng.random(t.shape, dtype=np.float32))
+    ctx.issue("nl.rand", name or None, "GpSimd", rates.elementwise_seconds(_free_size(t)), [], [t])
+    return t
+
+
+def dropout(x, rate, dtype=None):
+    """Elements of ``x`` zeroed with probability ``rate`` (scaled by 1 / (1 - rate))."""
+    ctx = _rng_state()
+    r = float(rate) if not isinstance(rate, NkiTensor) else float(np.asarray(ctx.read(rate, "nl.dropout", None,
+                                                                                       "rate")).reshape(-1)[0])
+    keep = ctx.rng.random(x.shape) >= r if ctx.numerics else None
+    return _tiles.elementwise("dropout", lambda a: np.where(keep, a / (1 - r), 0) if keep is not None else a,
+                              (x,), dtype)
+
+
+def _free_size(t: NkiTensor) -> int:
+    return int(math.prod(t.shape[1:])) if t.ndim > 1 else 1
