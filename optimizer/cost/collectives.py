@@ -61,7 +61,7 @@ def axis_bandwidth(axis: Axis, factor: int) -> float:
     return axis.bandwidth
 
 
-def levels(span: Span, ranks_per_chip: int, with_latency: bool = True) -> list[Level]:
+def levels(span: Span, ranks_per_chip: int) -> list[Level]:
     """The chip / domain / scale-out levels a group spans, innermost first."""
     out = []
     for level in LEVELS:
@@ -76,13 +76,13 @@ def levels(span: Span, ranks_per_chip: int, with_latency: bool = True) -> list[L
         chip_bw = by_kind[slowest]
         # ranks on one chip share its links; on-chip traffic is per rank already
         per_rank = chip_bw if level == "chip" else chip_bw / ranks_per_chip
-        latency = max(a.latency for a, _ in part) if with_latency else 0.0
+        latency = max(a.latency for a, _ in part)
         ring = max((f for a, f in part if a.kind in ("torus", "ring")), default=1)
         out.append(Level(level, n, per_rank, latency, slowest, ring))
     return out
 
 
-def coefficients(op: str, span: Span, ranks_per_chip: int = 1, with_latency: bool = True) -> tuple[float, float]:
+def coefficients(op: str, span: Span, ranks_per_chip: int = 1) -> tuple[float, float]:
     """(seconds per byte, fixed seconds) of collective ``op`` on a group: time = S * a + b.
 
     Every collective here is linear in S, which lets the solver tabulate the two numbers
@@ -96,14 +96,14 @@ def coefficients(op: str, span: Span, ranks_per_chip: int = 1, with_latency: boo
       the chip's two links on a torus or ring axis (half its bandwidth), all of it on a
       switch or the scale-out network.
     """
-    lvs = levels(span, ranks_per_chip, with_latency)
+    lvs = levels(span, ranks_per_chip)
     per_byte = fixed = 0.0
     if op == "p2p":
         for a, _ in span:
             bw = a.bandwidth / 2 if a.kind in ("torus", "ring") else a.bandwidth
             bw = bw if a.kind == "core" else bw / ranks_per_chip
             if 1 / bw > per_byte:
-                per_byte, fixed = 1 / bw, (a.latency if with_latency else 0.0)
+                per_byte, fixed = 1 / bw, a.latency
         return per_byte, fixed
     group, inner = math.prod(lv.n for lv in lvs), 1
     for lv in lvs:
@@ -123,12 +123,12 @@ def coefficients(op: str, span: Span, ranks_per_chip: int = 1, with_latency: boo
     return per_byte, fixed
 
 
-def collective_time(op: str, size: float, span: Span, ranks_per_chip: int = 1, with_latency: bool = True) -> float:
+def collective_time(op: str, size: float, span: Span, ranks_per_chip: int = 1) -> float:
     """Seconds for ``op`` on ``size`` bytes per rank over the group ``span`` (see ``coefficients``);
     nothing to send costs nothing."""
     if not span or size <= 0:
         return 0.0
-    per_byte, fixed = coefficients(op, span, ranks_per_chip, with_latency)
+    per_byte, fixed = coefficients(op, span, ranks_per_chip)
     return size * per_byte + fixed
 
 
