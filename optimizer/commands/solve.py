@@ -12,8 +12,10 @@ from trnopt.optimizer.commands.args import (add_problem_args, add_search_args, c
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.commands.report import solve_dict, solve_text
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.errors import InfeasibleError
+from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.frameworks import export
+from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
+from trnopt.optimizer.frameworks.profile import PROFILES, FrameworkProfile
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.target import GIB, load_target
 from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory
@@ -25,11 +27,15 @@ def register(sub) -> None:
     add_problem_args(p)
     add_search_args(p)
     p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
-    p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default all; 0,1 with --format nxd)")
+    p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default: those the framework runs)")
+    p.add_argument("--framework", choices=tuple(PROFILES),
+                   help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
+                        "nxd with --format nxd): torchtitan = FSDP2/HSDP (ZeRO-3), nxd = ZeRO-0/1")
     p.add_argument("--top", type=int, default=defaults.TOP,
                    help=f"runner-up layouts to show (default {defaults.TOP})")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
-                   help="text (default), json, nxd (NxD Training YAML keys) or env (launch environment lines)")
+                   help="text (default), json, torchtitan (job config TOML and overrides), nxd (NxD Training "
+                        "YAML keys) or env (launch environment lines)")
     p.set_defaults(run=run)
 
 
@@ -37,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     target, workload = load_target(args.target), workload_from_args(args)
     check_search_args(args)
     domains = domains_from_args(target, args)
+    framework = framework_from_args(args)
     problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
-                      lnc=(args.lnc,) if args.lnc else None, zero_stages=zero_stages_from_args(args))
+                      lnc=(args.lnc,) if args.lnc else None, zero_stages=framework_zero_stages(args, framework))
     note = ""
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed)
@@ -64,7 +71,31 @@ def run(args: argparse.Namespace) -> int:
         print(solve_text(result))
     if args.json and args.json != "-":
         write_output(args.json, solve_dict(result, info), args.force)
+    for why in (framework.supports(result.best.layout), framework.producible(result.best.layout, target)):
+        if why:
+            print(f"trnopt: warning: {why}", file=sys.stderr)
     if result.status != "OPTIMAL":
         print(f"trnopt: warning: time limit reached; best layout shown, gap {100 * result.gap:.2f}%",
               file=sys.stderr)
     return 0
+
+
+def framework_from_args(args: argparse.Namespace) -> FrameworkProfile:
+    """--framework (default torchtitan; nxd when --format nxd names it); a --format it cannot run is bad input."""
+    name = args.framework or ("nxd" if args.format == "nxd" else DEFAULT_FRAMEWORK)
+    framework = PROFILES[name]
+    if args.format in export.FORMATS and args.format not in framework.formats:
+        raise InputError("--format", "format", f"{name} cannot run --format {args.format}; its formats are "
+                         f"{', '.join(framework.formats)} (or text, json)")
+    return framework
+
+
+def framework_zero_stages(args: argparse.Namespace, framework: FrameworkProfile) -> tuple[int, ...]:
+    """The framework's ZeRO stages, narrowed by --zero-stages; none left is bad input."""
+    if args.zero_stages is None:
+        return framework.zero_stages
+    stages = tuple(s for s in zero_stages_from_args(args) if s in framework.zero_stages)
+    if not stages:
+        raise InputError("--zero-stages", "zero_stages", f"{framework.name} runs ZeRO stage(s) "
+                         f"{', '.join(map(str, framework.zero_stages))}, none of {args.zero_stages!r}")
+    return stages

@@ -1,4 +1,6 @@
-"""A layout as the settings a training job reads: NxD Training YAML keys and launch environment lines.
+"""A layout as the settings a training job reads: torchtitan job config, NxD Training YAML keys, environment lines.
+
+``trnopt solve --format torchtitan`` prints the torchtitan job config (frameworks/torchtitan.py).
 
 ``trnopt solve --format nxd`` prints the keys of a NeuronX Distributed Training (NxD
 Training) YAML config that the layout decides, to merge into a config such as the
@@ -44,13 +46,14 @@ import sys
 from dataclasses import replace
 
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate
+from trnopt.optimizer.frameworks import torchtitan
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.placement import rank_map
 from trnopt.optimizer.search.driver import SearchResult
 from trnopt.optimizer.model.target import GIB, Target
 from trnopt.optimizer.model.workload import Workload
 
-FORMATS = ("nxd", "env")
+FORMATS = ("torchtitan", "nxd", "env")
 
 
 # -- NxD Training YAML ----------------------------------------------------------------------------
@@ -242,6 +245,8 @@ def env_script(workload: Workload, target: Target, layout: Layout) -> str:
 def render(fmt: str, result: SearchResult) -> tuple[str, list[str]]:
     """(text for stdout, warnings for stderr) of a solved problem in one of FORMATS."""
     p, e = result.problem, result.best
+    if fmt == "torchtitan":
+        return torchtitan.render(p.workload, p.target, e)
     if fmt == "nxd":
         warning = zero_warning(p.workload, p.target, e, p.headroom)
         return nxd_yaml(p.workload, p.target, e, p.headroom), [warning] if warning else []
