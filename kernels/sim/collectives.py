@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import functools
 import os
+from enum import Enum
 from typing import Any
 
 import numpy as np
 
 from . import checks
+from . import unimplemented as _unimplemented
 from . import language as nl
 from .errors import ConstraintError, SimulatorError, SymmetryError
 from .instruction import NkiInstruction
@@ -449,3 +451,164 @@ def rank_id(name=None):
     """This rank's id (0 .. number of ranks - 1), as a scalar register (``registers``)."""
     ctx = _ctx("rank_id")
     return VirtualRegister.per_rank(list(range(ctx.world)), ctx.rank, ctx.rendezvous.symmetric)
+
+
+# --- variable-length collectives ("nki.collectives.all_to_all_v" / "all_gather_v", SDK 2.33) ---
+def _metadata(ctx: Any, metadata_tensor: Any, n_rows: int, w: str) -> np.ndarray | None:
+    meta = checks.tensor_arg(metadata_tensor, w, "metadata_tensor")
+    if meta.ndim != 2 or not n_rows <= meta.shape[0] <= 4 or meta.shape[1] < ctx.world:
+        raise ConstraintError(f"{w}: metadata_tensor must be ({n_rows}..4, world_size={ctx.world}), got {meta.shape}")
+    if not ctx.numerics:
+        return None
+    return np.asarray(ctx.read(meta, "metadata_tensor", None, "metadata_tensor")).astype(np.int64)
+
+
+def _v_collective(op: str, srcs: Any, dsts: Any, replica_group: Any, metadata_tensor: Any, recv_counts_known: bool,
+                  has_rdispls: bool, name: str | None, meta: np.ndarray | None = None) -> NkiInstruction:
+    """all_to_all_v / all_gather_v on flat element buffers (counts and displacements in
+    elements, row-major). all_to_all_v: row 0 send counts and row 1 send displacements per
+    destination rank (column = rank id). all_gather_v: only column 0 of rows 0/1 (the one
+    chunk every destination gets); the chunk of list position s lands in slot s of dst
+    (dst split into equal slots per rank). Rows 2/3, when present, hold receive counts and
+    displacements per source rank. Without receive displacements, all_to_all_v packs the
+    received chunks in rank-list order (ASSUMPTION: the pages leave it open)."""
+    ctx = _ctx(op)
+    w = ctx.where(op, name)
+    srcs, dsts = _tensors(srcs, w, "srcs"), _tensors(dsts, w, "dsts")
+    if len(srcs) != 1 or len(dsts) != 1:
+        raise ConstraintError(f"{w}: {op} takes exactly one src and one dst tensor")
+    _placement(ctx, op, name, srcs + dsts, w, hbm_only=True, n_srcs=1)
+    ranks = _my_list(ctx, replica_group, w)
+    n, pos = len(ranks), ranks.index(ctx.rank)
+    if meta is None:
+        meta = _metadata(ctx, metadata_tensor, 2 + int(recv_counts_known) + int(has_rdispls), w)
+    src, dst = srcs[0], dsts[0]
+    ctx.check_capacity(op, name)
+    ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
+    flat = np.array(ctx.read(src, op, name, "src")).reshape(-1) if ctx.numerics else None
+    dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op, (op, _sig(srcs), _sig(dsts)),
+                  (ready, flat, meta))
+    members = tuple((r, ctx.program) for r in ranks)
+    got = ctx.rendezvous.exchange(dep, members)
+    start = max(got[m].payload[0] for m in members)
+    sent_elems = src.size
+    if ctx.numerics:
+        out = np.array(dst.array()).reshape(-1)
+        written = np.array(dst.written_mask()).reshape(-1)
+        at = 0
+        for s, m in enumerate(members):
+            data, pm = got[m].payload[1], got[m].payload[2]
+            if op == "all_to_all_v":
+                cnt, disp = int(pm[0, ctx.rank]), int(pm[1, ctx.rank])
+            else:
+                cnt, disp = int(pm[0, 0]), int(pm[1, 0])
+            chunk = data[disp:disp + cnt]
+            if op == "all_gather_v" and not has_rdispls:
+                at = s * (dst.size // n)
+            elif has_rdispls:
+                at = int(meta[3, m[0]])
+            if at + cnt > dst.size or disp + cnt > data.size:
+                raise ConstraintError(f"{w}: chunk of {cnt} elements from rank {m[0]} (displacement {disp}) does "
+                                      f"not fit src of {data.size} / dst of {dst.size} elements at {at}")
+            out[at:at + cnt] = chunk
+            written[at:at + cnt] = True
+            at += cnt
+        ctx.write(dst, out.reshape(dst.shape))
+        dst.written_mask()[...] = written.reshape(dst.shape)
+        sent_elems = int(meta[0, :ctx.world].sum()) if op == "all_to_all_v" else int(meta[0, 0]) * (n - 1)
+    dur = (n - 1) * ctx.link(0).latency_s + sent_elems * src.dtype.itemsize / ctx.link(0).bandwidth_Bps if n > 1 else 0.0
+    return _finish(ctx, op, name, "CC0", start, start + dur, srcs, dsts, sent_elems * src.dtype.itemsize)
+
+
+def all_to_all_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
+                 priority=None, name=None):
+    """All-to-all with per-destination counts and displacements from ``metadata_tensor``."""
+    return _v_collective("all_to_all_v", srcs, dsts, replica_group, metadata_tensor, recv_counts_known,
+                         has_rdispls, name)
+
+
+def all_gather_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
+                 priority=None, name=None):
+    """All-gather of one variable-length chunk per rank, from ``metadata_tensor``."""
+    return _v_collective("all_gather_v", srcs, dsts, replica_group, metadata_tensor, recv_counts_known,
+                         has_rdispls, name)
+
+
+class _Prepared(NkiInstruction):
+    """What a ``*_prepare`` returns: the instruction handle plus the arguments its trigger reuses."""
+
+    def __init__(self, op: str, name: str | None, start: float, args: tuple) -> None:
+        super().__init__(op + "_prepare", name, start, start)
+        self.kind, self.args, self.used = op, args, False
+
+
+def _prepare(op: str, srcs: Any, dsts: Any, replica_group: Any, metadata_tensor: Any, recv_counts_known: bool,
+             has_rdispls: bool, name: str | None) -> NkiInstruction:
+    ctx = _ctx(op + "_prepare")
+    w = ctx.where(op + "_prepare", name)
+    pending = getattr(ctx, "pending_prepare", None)
+    if pending is not None and not pending.used:
+        raise ConstraintError(f"{w}: a {pending.op} is still waiting for its trigger; prepares share one slot "
+                              f"(each prepare must be followed by exactly one trigger)")
+    meta = _metadata(ctx, metadata_tensor, 2 + int(recv_counts_known) + int(has_rdispls), w)
+    start = ctx.timeline.ready([metadata_tensor], [])
+    ctx.pending_prepare = _Prepared(op, name, start, (srcs, dsts, replica_group, metadata_tensor, recv_counts_known,
+                                                      has_rdispls, name, meta))
+    return ctx.pending_prepare
+
+
+def _trigger(op: str, prepare_instr: Any, name: str | None) -> NkiInstruction:
+    ctx = _ctx(op + "_trigger")
+    w = ctx.where(op + "_trigger", name)
+    if not isinstance(prepare_instr, _Prepared) or prepare_instr.kind != op or prepare_instr.used:
+        raise ConstraintError(f"{w}: prepare_instr must be the unused instruction returned by {op}_prepare, "
+                              f"got {prepare_instr!r}")
+    prepare_instr.used = True
+    return _v_collective(op, *prepare_instr.args)
+
+
+def all_to_all_v_prepare(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
+                         priority=None, name=None):
+    """First half of a split all_to_all_v: reads the metadata now; the trigger moves the data."""
+    return _prepare("all_to_all_v", srcs, dsts, replica_group, metadata_tensor, recv_counts_known, has_rdispls, name)
+
+
+def all_to_all_v_trigger(prepare_instr, name=None):
+    """Second half of a split all_to_all_v (the arguments of its prepare)."""
+    return _trigger("all_to_all_v", prepare_instr, name)
+
+
+def all_gather_v_prepare(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
+                         priority=None, name=None):
+    """First half of a split all_gather_v: reads the metadata now; the trigger moves the data."""
+    return _prepare("all_gather_v", srcs, dsts, replica_group, metadata_tensor, recv_counts_known, has_rdispls, name)
+
+
+def all_gather_v_trigger(prepare_instr, name=None):
+    """Second half of a split all_gather_v (the arguments of its prepare)."""
+    return _trigger("all_gather_v", prepare_instr, name)
+
+
+class rg_partition_op(Enum):
+    """How ``ReplicaGroup.from_partition_op`` maps a rank to its rank-list id."""
+
+    bitwise_and = "bitwise_and"
+    div = "div"
+    mod = "mod"
+
+
+def _from_partition_op(world_size, op, operand):
+    """Rank-lists of the ranks [0, world_size) sharing ``op(rank, operand)``, e.g.
+    (8, div, 4) -> [[0..3], [4..7]], (8, mod, 4) -> [[0, 4], [1, 5], [2, 6], [3, 7]]."""
+    fn = {rg_partition_op.bitwise_and: lambda r: r & operand, rg_partition_op.div: lambda r: r // operand,
+          rg_partition_op.mod: lambda r: r % operand}[op]
+    lists: dict[int, list[int]] = {}
+    for r in range(int(world_size)):
+        lists.setdefault(fn(r), []).append(r)
+    return ReplicaGroup([lists[k] for k in sorted(lists)])
+
+
+ReplicaGroup.from_partition_op = staticmethod(_from_partition_op)  # type: ignore[attr-defined]
+
+
+_unimplemented.fill(globals(), "nki.collectives")

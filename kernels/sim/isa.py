@@ -21,6 +21,7 @@ import numpy as np
 
 from . import checks, rates
 from . import registers as _registers
+from . import unimplemented as _unimplemented
 from . import language as nl
 from .errors import ConstraintError, SimulatorError
 from .instruction import NkiInstruction
@@ -30,51 +31,7 @@ from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
 
 
-class engine(Enum):
-    unknown = 0
-    tensor = 1
-    vector = 2
-    scalar = 3
-    gpsimd = 4
-    dma = 5
-    sync = 6
-
-
-class dge_mode(Enum):
-    unknown = 0
-    none = 1
-    swdge = 2
-    hwdge = 3
-
-
-class dma_engine(Enum):
-    dma = 0
-    gpsimd_dma = 1
-
-
-class oob_mode(Enum):
-    error = 0
-    skip = 1
-
-
-class reduce_cmd(Enum):
-    idle = 0
-    reset = 1
-    reduce = 2
-    reset_reduce = 3
-    load_reduce = 4
-
-
-class matmul_perf_mode(Enum):
-    none = 0
-    double_row = 1
-
-
-class nc_version(Enum):
-    gen2 = 2
-    gen3 = 3
-    gen4 = 4
-
+from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
 
 tensor_engine = engine.tensor
 vector_engine = engine.vector
@@ -422,3 +379,51 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
     ctx.timeline.occupy("DMA", start, end, "sendrecv", name)
     ctx.timeline.record([src], [dst], end, end)
     return NkiInstruction("sendrecv", name, start, end)
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """``nisa.activation`` with ``reduce_res = reduce_op`` over the free dims of the result."""
+    return activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+                      reduce_cmd=reduce_cmd.reset_reduce, name=name)
+
+
+_DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    """``dst = src`` transposed by DMA: 2-D [1, 0], 3-D [2, 1, 0], 4-D [3, 1, 2, 0] (or ``axes``);
+    2-byte dtypes ("nki.isa.dma_transpose")."""
+    ctx = _ctx("dma_transpose")
+    w = ctx.where("dma_transpose", name)
+    dst, src = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(src, w, "src")
+    perm = tuple(int(a) for a in axes) if axes is not None else _DMA_TRANSPOSE_AXES.get(src.ndim)
+    if perm is None or sorted(perm) != list(range(src.ndim)):
+        raise ConstraintError(f"{w}: cannot transpose a {src.ndim}-D src {src.shape} with axes {axes}")
+    if src.dtype.itemsize != 2:
+        raise ConstraintError(f"{w}: dma_transpose needs a 2-byte dtype, got {src.dtype.name}")
+    want = tuple(src.shape[a] for a in perm)
+    if dst.size != src.size:
+        raise ConstraintError(f"{w}: dst {dst.shape} must hold the transposed src {want}")
+    if src.buffer is MemoryRegion.psum or dst.buffer is MemoryRegion.psum:
+        raise ConstraintError(f"{w}: DMA cannot read or write PSUM")
+    if ctx.numerics:
+        data = ctx.read(src, "dma_transpose", name, "src")
+        ctx.write(dst, np.transpose(data, perm).reshape(dst.shape))
+    return _done("dma_transpose", name, ctx.issue_dma("dma_transpose", name, src.nbytes, [src], [dst]))
+
+
+def get_nc_sub_version():
+    """The NeuronCore sub-version of the simulated target (Trn2: 0)."""
+    return 0
+
+
+from .isa_vector import (affine_select, bn_aggr, bn_stats, exponential, iota, max8, nc_find_index8,  # noqa: E402,F401
+                         nc_match_replace8, nc_n_gather, nc_stream_shuffle, nonzero_with_count, range_select,
+                         reciprocal, scalar_tensor_tensor, select_reduce, sequence_bounds, tensor_copy_predicated,
+                         tensor_partition_reduce, tensor_reduce, tensor_scalar_cumulative, tensor_scalar_reduce,
+                         tensor_tensor_scan)
+
+_unimplemented.fill(globals(), "nki.isa", why={
+    "nc_matmul_mx": "MX (microscaling) matmul is NeuronCore-v4 hardware; not simulated",
+    "quantize_mx": "MX quantization is NeuronCore-v4 hardware; not simulated",
+})

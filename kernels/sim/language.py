@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from . import rates
+from . import unimplemented as _unimplemented
 from . import tiles as _tiles
 from .errors import ConstraintError, SimulatorError, SymmetryError
 from .state import current as _current
@@ -250,16 +251,33 @@ erf, erf_dx, sin, cos, tan, arctan = (_unary(n) for n in ("erf", "erf_dx", "sin"
 ceil, floor, trunc, sign, softplus, mish = (_unary(n) for n in ("ceil", "floor", "trunc", "sign", "softplus", "mish"))
 invert, logical_not = _unary("invert"), _unary("logical_not")
 
-sum, max, min, mean, prod, var, all = (  # noqa: A001 - the reference names
-    _reduction(n) for n in ("sum", "max", "min", "mean", "prod", "var", "all"))
+sum, max, min, mean, prod, var = (  # noqa: A001 - the reference names
+    _reduction(n) for n in ("sum", "max", "min", "mean", "prod", "var"))
+_all_reduction = _reduction("all")
+
+
+def all(x, axis, dtype=None):  # noqa: A001 - the reference name
+    """1 where every element along the free ``axis`` is non-zero, else 0."""
+    return _all_reduction(x, axis, dtype)
 
 _REDUCE_OPS = (add, minimum, maximum)
 
 
+class _AluOp:
+    """An ``op`` of ISA instructions that is a name, not a function, of nki.language (bypass, ...)."""
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.__name__, self._fn = name, fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __repr__(self) -> str:
+        return f"nl.{self.__name__}"
+
+
 def _op_only(name: str, fn: Any) -> Any:
-    """An ``op`` of ISA instructions that is not a function of nki.language (bypass, ...)."""
-    fn.__name__ = fn.__qualname__ = name
-    return fn
+    return _AluOp(name, fn)
 
 
 bypass = _op_only("bypass", lambda x, y=None: x)  # passes data through: skips a tensor_scalar stage
@@ -450,3 +468,6 @@ def dropout(x, rate, dtype=None):
 
 def _free_size(t: NkiTensor) -> int:
     return int(math.prod(t.shape[1:])) if t.ndim > 1 else 1
+
+
+_unimplemented.fill(globals(), "nki.language")

@@ -330,6 +330,150 @@ class NkiTensor:
             view._box = tuple((0, n) for n in self.alloc.shape)
         return view
 
+    # --- the view methods of the 0.7 NkiTensor ("nki.language.NkiTensor") -------------------
+    def _dims_view(self, pattern: list[tuple[int, int]], what: str) -> "NkiTensor":
+        return self._same_lanes(NkiTensor(self.alloc, self.offset, tuple(pattern)))
+
+    def _free_dim(self, dim: int, what: str) -> int:
+        dim = int(dim) % max(self.ndim, 1)
+        if dim == 0 and self.buffer.on_chip:
+            raise ConstraintError(f"{here()}: {what}: dim 0 is the partition dim of an on-chip tensor")
+        return dim
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        """``t[..., start:end:step, ...]`` on dim ``dim``."""
+        key = [slice(None)] * self.ndim
+        key[int(dim)] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim: int, index: Any) -> "NkiTensor":
+        """Dim ``dim`` removed at ``index`` (an int, a register or a one-element index tensor)."""
+        if isinstance(index, NkiTensor):
+            sizes = [c for _, c in self.pattern]
+            pat = [p for d, p in enumerate(self.pattern) if d != int(dim)]
+            view = NkiTensor(self.alloc, self.offset, tuple(pat)) if pat else None
+            if view is None:
+                raise ConstraintError(f"{here()}: cannot select the only dim of a tensor")
+            idx = dynamic_index(index, here("NkiTensor.select"))
+            if not 0 <= idx < sizes[int(dim)]:
+                raise ConstraintError(f"{here()}: dynamic index {idx} out of bounds for dim {dim} of size "
+                                      f"{sizes[int(dim)]} of tensor {self.alloc.label()}")
+            view.offset += idx * self.pattern[int(dim)][0]
+            view._box = tuple((0, n) for n in self.alloc.shape)
+            return view
+        key: list[Any] = [slice(None)] * self.ndim
+        key[int(dim)] = index
+        return self[tuple(key)]
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        """A new dim of size 1 at ``dim``."""
+        dim = int(dim) % (self.ndim + 1)
+        if dim == 0 and self.buffer.on_chip:
+            raise ConstraintError(f"{here()}: expand_dim: dim 0 is the partition dim of an on-chip tensor")
+        pat = list(self.pattern)
+        pat.insert(dim, (1, 1))
+        return self._dims_view(pat, "expand_dim")
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        """Dim ``dim`` (of size 1) removed."""
+        dim = self._free_dim(dim, "squeeze_dim")
+        if self.pattern[dim][1] != 1:
+            raise ConstraintError(f"{here()}: squeeze_dim({dim}) of a dim of size {self.pattern[dim][1]}")
+        return self._dims_view([p for d, p in enumerate(self.pattern) if d != dim], "squeeze_dim")
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        """Dim ``dim`` (of size 1) repeated ``size`` times (stride 0, no copy)."""
+        dim = self._free_dim(dim, "broadcast")
+        if self.pattern[dim][1] != 1:
+            raise ConstraintError(f"{here()}: broadcast({dim}, {size}) of a dim of size {self.pattern[dim][1]}")
+        pat = list(self.pattern)
+        pat[dim] = (0, int(size))
+        return self._dims_view(pat, "broadcast")
+
+    def reshape_dim(self, dim: int, shape: Any) -> "NkiTensor":
+        """Dim ``dim`` split into ``shape`` (one entry may be -1)."""
+        dim = int(dim) % self.ndim
+        stride, count = self.pattern[dim]
+        shape = [int(x) for x in shape]
+        if shape.count(-1) == 1:
+            known = math.prod(x for x in shape if x != -1)
+            shape[shape.index(-1)] = count // known if known else 0
+        if math.prod(shape) != count:
+            raise ConstraintError(f"{here()}: reshape_dim({dim}, {tuple(shape)}) of a dim of size {count}")
+        if dim == 0 and self.buffer.on_chip and shape[0] != count:
+            raise ConstraintError(f"{here()}: reshape_dim cannot split the partition dim of an on-chip tensor")
+        new, acc = [], stride
+        for n in reversed(shape):
+            new.append((acc, n))
+            acc *= n
+        pat = list(self.pattern[:dim]) + list(reversed(new)) + list(self.pattern[dim + 1:])
+        return self._dims_view(pat, "reshape_dim")
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+        """Dims ``start_dim..end_dim`` (contiguous in storage) merged into one."""
+        a, b = int(start_dim) % self.ndim, int(end_dim) % self.ndim
+        group = self.pattern[a:b + 1]
+        for (s_outer, _), (s_inner, c_inner) in zip(group, group[1:]):
+            if s_outer != s_inner * c_inner:
+                raise ConstraintError(f"{here()}: flatten_dims({a}, {b}) of dims that are not contiguous in "
+                                      f"storage (pattern {self.get_pattern()})")
+        merged = (group[-1][0], math.prod(c for _, c in group))
+        return self._dims_view(list(self.pattern[:a]) + [merged] + list(self.pattern[b + 1:]), "flatten_dims")
+
+    def view(self, dtype: Any) -> "NkiTensor":
+        """The same storage as ``dtype`` (only the tensor's own dtype is simulated)."""
+        if np.dtype(dtype) != self.dtype:
+            raise NotImplementedError(f"{here()}: NkiTensor.view({np.dtype(dtype).name}) reinterpreting a "
+                                      f"{self.dtype.name} tensor (NKI 0.7) is not simulated")
+        return self
+
+    reinterpret_cast = view
+
+    def is_indirect(self) -> bool:
+        """True for views made by ``indirect`` / ``vector_select`` (not simulated: always False)."""
+        return False
+
+    def indirect(self, index: Any, num_elem: Any = None) -> "NkiTensor":
+        raise NotImplementedError(f"{here()}: NkiTensor.indirect (tensor indirection, NeuronCore-v4, NKI 0.7) "
+                                  f"is not simulated")
+
+    def vector_select(self, dim: int, vector_offset: Any) -> "NkiTensor":
+        raise NotImplementedError(f"{here()}: NkiTensor.vector_select (per-partition indirect access, NKI 0.7) "
+                                  f"is not simulated")
+
+    def rearrange(self, src_pattern: Any, dst_pattern: Any, fixed_sizes: Any = None) -> "NkiTensor":
+        """einops-style: split the dims of ``src_pattern`` groups, reorder, merge ``dst_pattern`` groups."""
+        sizes = dict(fixed_sizes or {})
+        names: list[str] = []
+        view: NkiTensor = self
+        d = 0
+        for entry in src_pattern:
+            if isinstance(entry, (tuple, list)):
+                known = math.prod(sizes.get(n, 1) for n in entry if n in sizes)
+                split = [sizes.get(n, -1) for n in entry]
+                if split.count(-1) == 1:
+                    split[split.index(-1)] = view.shape[d] // known
+                view = view.reshape_dim(d, tuple(split)) if len(entry) > 1 else view
+                names += list(entry)
+                d += len(entry)
+            else:
+                names.append(entry)
+                d += 1
+        flat_dst = [n for e in dst_pattern for n in (e if isinstance(e, (tuple, list)) else (e,))]
+        if sorted(flat_dst) != sorted(names):
+            raise ConstraintError(f"{here()}: rearrange {src_pattern} -> {dst_pattern}: names differ")
+        view = view.permute(tuple(names.index(n) for n in flat_dst))
+        d = 0
+        for e in dst_pattern:
+            if isinstance(e, (tuple, list)) and len(e) > 1:
+                view = view.flatten_dims(d, d + len(e) - 1)
+            d += 1
+        return view
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise NotImplementedError(f"{here()}: assignment into a tensor view (NkiTensor.__setitem__, NKI 0.7) "
+                                  f"is not simulated; use nisa.tensor_copy or nisa.dma_copy")
+
     # --- data access (numerics mode) --------------------------------------------------------
     def _strided(self, flat: np.ndarray) -> np.ndarray:
         item = flat.itemsize

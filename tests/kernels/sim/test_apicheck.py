@@ -1,4 +1,6 @@
-"""The simulator's public functions match the NKI API reference (names, params, defaults)."""
+"""The simulator's public API matches the NKI 0.7 reference table (names, params, defaults,
+classes, names of every module and submodule); what it does not implement raises
+NotImplementedError naming the function and the version."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from trnopt.kernels.sim import apicheck
 
 
 def _shared_signatures() -> Path | None:
-    """../shared/nki-api/signatures.json beside the repository (/work/main or a CI clone)."""
+    """../shared/nki-api/signatures.json (the NKI 0.6 table) beside the repository."""
     here = Path(__file__).resolve()
     repo = here.parents[3]
     for cand in (repo / ".." / "shared" / "nki-api" / "signatures.json",
@@ -20,39 +22,52 @@ def _shared_signatures() -> Path | None:
     return None
 
 
-def test_packaged_subset_matches_simulator() -> None:
+def test_simulator_matches_the_07_reference() -> None:
+    assert apicheck.api_differences(apicheck.load_reference()) == []
+
+
+def test_reference_is_07_with_its_submodules() -> None:
     ref = apicheck.load_reference()
-    assert apicheck.api_differences(ref) == []
+    assert {"nki", "nki.language", "nki.isa", "nki.isa.constants", "nki.collectives", "nki.typing",
+            "nki.dtype"} <= set(ref)
+    assert {"all_gather_v_prepare", "all_gather_v_trigger", "all_to_all_v_prepare",
+            "all_to_all_v_trigger"} <= set(ref["nki.collectives"]["functions"])
+    assert "from_partition_op" in ref["nki.collectives"]["classes"]["ReplicaGroup"]["members"]
+    assert {"oob_mode", "dge_mode", "engine"} <= set(ref["nki.isa.constants"]["classes"])
 
 
-def test_every_reference_function_in_the_subset_is_provided() -> None:
-    ref = apicheck.load_reference()
-    for mod, module in apicheck.MODULES.items():
-        provided = apicheck.provided_functions(module)
-        assert set(ref[mod]["functions"]) == set(provided), mod
-
-
-def test_simulator_matches_shared_reference() -> None:
+def test_07_table_extends_the_06_table_unchanged() -> None:
     path = _shared_signatures()
     if path is None:
         pytest.skip("shared/nki-api/signatures.json not found beside the repository")
-    ref = apicheck.load_reference(path)
-    assert apicheck.api_differences(ref) == []
-    # the packaged copy is an exact subset of the shared table
-    packaged = apicheck.load_reference()
-    for mod in apicheck.MODULES:
-        for name, params in packaged[mod]["functions"].items():
-            assert ref[mod]["functions"][name] == params, f"{mod}.{name}"
+    old, new = apicheck.load_reference(path), apicheck.load_reference()
+    for mod, spec in old.items():
+        for name, params in spec["functions"].items():
+            assert new[mod]["functions"][name] == params, f"{mod}.{name}"
 
 
-def test_core_api_present() -> None:
-    names = {m: set(apicheck.provided_functions(mod)) for m, mod in apicheck.MODULES.items()}
+def test_unimplemented_functions_say_so_with_name_and_version() -> None:
+    from trnopt.kernels.sim import isa
+
+    ref = apicheck.load_reference()
+    missing = [n for n, f in apicheck.provided_functions(isa).items() if not apicheck.is_implemented(f)]
+    assert "nc_matmul_mx" in missing
+    with pytest.raises(NotImplementedError, match=r"nki\.isa\.nc_matmul_mx \(NKI 0\.7 \(Neuron SDK 2\.33\)\) is not "
+                                                  r"implemented by the trnopt simulator"):
+        isa.nc_matmul_mx(None, None, None, None, None)
+    counts = apicheck.implemented_counts(ref)
+    assert counts["nki.isa"][1] == 52 and counts["nki.isa"][0] == 52 - len(missing)
+
+
+def test_core_api_implemented() -> None:
+    mods = apicheck.modules()
+    names = {m: {n for n, f in apicheck.provided_functions(mod).items() if apicheck.is_implemented(f)}
+             for m, mod in mods.items()}
     assert {"jit", "simulate"} <= names["nki"]
-    assert {"ndarray", "zeros", "ds", "affine_range", "program_id"} <= names["nki.language"]
-    assert {"dma_copy", "nc_matmul", "tensor_copy", "tensor_tensor", "memset", "activation"} <= names["nki.isa"]
-    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
-            "collective_permute_implicit", "collective_permute_implicit_reduce",
-            "collective_permute_implicit_current_processing_rank_id", "rank_id"} <= names["nki.collectives"]
+    assert {"ndarray", "load", "store", "broadcast_to", "sum", "max", "gelu", "gelu_apprx_sigmoid"} <= names["nki.language"]
+    assert {"dma_copy", "nc_matmul", "tensor_reduce", "tensor_tensor_scan", "dma_transpose", "sendrecv", "core_barrier",
+            "nonzero_with_count", "register_alloc", "iota"} <= names["nki.isa"]
+    assert {"all_gather_v", "all_to_all_v", "all_to_all_v_prepare", "all_to_all_v_trigger"} <= names["nki.collectives"]
 
 
 def test_nki_api_falls_back_to_simulator() -> None:
