@@ -1,0 +1,255 @@
+"""The files that run a layout under torchrun: environment, node order, core binding, the rank map they imply.
+
+``launch_files`` returns file name -> text for one scheduler (torchrun by hand, Slurm, or
+Kubernetes; the scheduler parts are in schedulers.py). Every file states the assumptions it
+relies on. The common files:
+
+- ``env.sh``: the LNC for the runtime (``NEURON_LOGICAL_NC_CONFIG``) and the compiler
+  (``--logical-nc-config`` in ``NEURON_CC_FLAGS``; the two must agree, Neuron "Logical
+  NeuronCore configuration" page); the EFA variables of the Neuron multi-node setup pages
+  (``FI_PROVIDER=efa``, ``FI_EFA_USE_DEVICE_RDMA=1``, ``FI_EFA_FORK_SAFE=1`` on Amazon Linux 2);
+  the world size, node count and workers per node.
+- ``nodes.csv``: which instance is which torchrun node rank: (UltraServer of the job,
+  position in it) -> node rank. This is the node order the plan needs.
+- ``ranks.csv``: every rank's node rank, local rank, chip and logical core.
+- ``worker.sh``: what torchrun starts for every worker (``torchrun --no-python``): binds the
+  local rank to its planned logical core when the plan needs it
+  (``NEURON_RT_VISIBLE_CORES``), records the worker's row of the rank map, then runs the
+  training command.
+- ``expected-rank-map.csv``: the rank map the launch implies, in ``trnopt check-map``'s
+  format; ``trnopt check-map --layout L --rank-map expected-rank-map.csv`` passes on it, and
+  the rows the workers record (``rank-map/*.csv``, concatenated) are what the job really got.
+- ``job.toml``: the torchtitan job config (frameworks/torchtitan.py).
+
+The rank order is torchtitan's (profile.py): torchrun gives node n the ranks n*P .. n*P+P-1,
+so the launch chooses only the node order and the core binding (``torchrun_binding``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.frameworks import schedulers, torchtitan
+from trnopt.optimizer.frameworks.profile import TORCHTITAN, FrameworkProfile, TorchrunBinding, torchrun_binding
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.workload import Workload
+
+SCHEDULERS = ("torchrun", "slurm", "k8s")
+MASTER_PORT = 29500  # torchrun's default --master-port
+
+# Assumptions every file repeats where it relies on them.
+ASSUME_CORES = ("logical NeuronCores 4k..4k+3 of an instance are chip k at LNC=2 (in general: logical core v is "
+                "chip v // cores-per-chip); very likely, but not documented explicitly by Neuron")
+ASSUME_DEFAULT_BINDING = ("without NEURON_RT_VISIBLE_CORES, torch-neuronx runs local rank i on logical core i of "
+                          "the instance")
+ASSUME_RING = ("an instance's UltraServer node id (neuron.amazonaws.com/ultraserver-node-id-<n> label, "
+               "NEURON_RT_ULTRASERVER_NODE_ID) is its position in the UltraServer's NeuronLink ring; "
+               "not documented explicitly")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the files are written from."""
+
+    workload: Workload
+    target: Target
+    layout: Layout
+    binding: TorchrunBinding
+    scheduler: str
+    entry: str
+    """The training command each worker runs (after worker.sh)."""
+    layout_file: str
+    """The layout JSON the files were written from (named in their headers)."""
+
+    @property
+    def nodes(self) -> int:
+        return self.binding.nodes
+
+    @property
+    def nproc(self) -> int:
+        return self.binding.nproc_per_node
+
+    @property
+    def ultraserver(self) -> bool:
+        """Whether a domain is several instances (an UltraServer) that must be scheduled together."""
+        return self.target.instances_per_domain > 1
+
+    def title(self) -> str:
+        lay = self.layout
+        return (f"{self.workload.model.name} on {lay.domains} x {self.target.name} ({self.nodes} instance(s), "
+                f"{lay.ranks} ranks at LNC={lay.lnc}): {lay.describe()}")
+
+
+def plan(workload: Workload, target: Target, layout: Layout, scheduler: str, entry: str, layout_file: str,
+         framework: FrameworkProfile = TORCHTITAN) -> Launch:
+    """The launch of a layout, or InputError naming why this framework and torchrun cannot produce it."""
+    if scheduler not in SCHEDULERS:
+        raise InputError("--scheduler", "scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    for why in (framework.supports(layout), framework.producible(layout, target)):
+        if why:
+            raise InputError(layout_file, "layout", why)
+    binding = torchrun_binding(layout, target)
+    assert isinstance(binding, TorchrunBinding)
+    return Launch(workload, target, layout, binding, scheduler, entry, layout_file)
+
+
+# -- the rank map the launch implies ------------------------------------------------------------------
+def host_name(domain: int, instance: int) -> str:
+    """The name the expected rank map gives the instance at (domain, position)."""
+    return f"us{domain}-node{instance}"
+
+
+def implied_rank_map(launch: Launch, node_order: dict[int, tuple[int, int]] | None = None) -> list[dict]:
+    """check-map rows: where every rank runs when node rank n starts on the instance ``node_order[n]``.
+
+    ``node_order`` maps node rank -> (UltraServer, position) of the instance that really got
+    it; by default the plan's (nodes.csv). Local rank l of node n is rank ``n * P + l`` on
+    logical core ``binding.core[n][l]`` (chip = core // cores per chip).
+    """
+    b, per_chip = launch.binding, launch.layout.ranks_per_chip
+    order = node_order or b.slot
+    rows = []
+    for n in range(b.nodes):
+        domain, instance = order[n]
+        for local, v in enumerate(b.core[n]):
+            row = {"rank": n * b.nproc_per_node + local, "instance": host_name(domain, instance),
+                   "chip": v // per_chip, "core": v % per_chip}
+            if launch.ultraserver:
+                row["ultraserver"] = f"us{domain}"
+            row["lnc"] = launch.layout.lnc
+            rows.append(row)
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def _csv(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    return "\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n"
+
+
+# -- common files -------------------------------------------------------------------------------------
+def env_sh(launch: Launch) -> str:
+    lay, lnc = launch.layout, launch.layout.lnc
+    lines = [
+        "# trnopt launch environment: source it (bash) on every instance before torchrun.",
+        f"# {launch.title()}",
+        f"# Written from {launch.layout_file} by `trnopt launch`.",
+        f"# LNC: the runtime (NEURON_LOGICAL_NC_CONFIG) and the compiler (--logical-nc-config) must agree: LNC={lnc},",
+        f"# {lay.ranks_per_chip} logical NeuronCores per chip, {launch.nproc} workers per instance "
+        "(one per logical core).",
+        f"export NEURON_LOGICAL_NC_CONFIG={lnc}",
+        f'export NEURON_CC_FLAGS="${{NEURON_CC_FLAGS:+$NEURON_CC_FLAGS }}--logical-nc-config={lnc}"',
+        f"export TRNOPT_WORLD_SIZE={lay.ranks}",
+        f"export TRNOPT_NNODES={launch.nodes}",
+        f"export TRNOPT_NPROC_PER_NODE={launch.nproc}",
+        f"export MASTER_PORT=${{MASTER_PORT:-{MASTER_PORT}}}",
+        "# EFA between instances (Neuron multi-node training setup): libfabric's EFA provider with device RDMA.",
+    ]
+    if launch.nodes == 1:
+        lines.append("# (One instance: EFA carries no traffic of this job; the settings are harmless.)")
+    lines += [
+        "export FI_PROVIDER=efa",
+        "export FI_EFA_USE_DEVICE_RDMA=1",
+        "# FI_EFA_FORK_SAFE=1 is needed on Amazon Linux 2 only (its kernel lacks the fork support of newer ones).",
+        'if [ -r /etc/os-release ] && [ "$(. /etc/os-release && echo "${ID}:${VERSION_ID}")" = "amzn:2" ]; then',
+        "  export FI_EFA_FORK_SAFE=1",
+        "fi",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def nodes_csv(launch: Launch) -> str:
+    rows = [{"node_rank": n, "ultraserver": d, "position": i, "host": host_name(d, i)}
+            for n, (d, i) in sorted(launch.binding.slot.items())]
+    return _csv(rows)
+
+
+def ranks_csv(launch: Launch) -> str:
+    b, per_chip = launch.binding, launch.layout.ranks_per_chip
+    rows = []
+    for n in range(b.nodes):
+        d, i = b.slot[n]
+        for local, v in enumerate(b.core[n]):
+            rows.append({"rank": n * b.nproc_per_node + local, "node_rank": n, "local_rank": local,
+                         "ultraserver": d, "position": i, "chip": v // per_chip, "core": v % per_chip,
+                         "logical_core": v})
+    return _csv(rows)
+
+
+def worker_sh(launch: Launch) -> str:
+    b, per_chip = launch.binding, launch.layout.ranks_per_chip
+    lines = [
+        "#!/usr/bin/env bash",
+        "# One torchrun worker: `torchrun ... --no-python ./worker.sh <training command>`.",
+        f"# {launch.title()}",
+        "# torchrun sets RANK = GROUP_RANK * nproc_per_node + LOCAL_RANK; with the static rendezvous GROUP_RANK is",
+        "# the --node-rank this instance was given from nodes.csv.",
+        f"# Assumption: {ASSUME_CORES}.",
+        "set -euo pipefail",
+        'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        'source "$here/env.sh"',
+    ]
+    if b.bound:
+        table = " ".join(",".join(map(str, row)) for row in b.core)
+        lines += [
+            "# The plan puts local ranks on other logical cores than torchrun's default (local rank i on core i):",
+            "# bind each worker to its planned core. Line n of the table is node rank n, entry l its local rank l.",
+            "# Assumption: the Neuron runtime honours NEURON_RT_VISIBLE_CORES per process with logical core indices",
+            "# at this LNC, and the training script uses the one core it sees.",
+            f"TRNOPT_CORES='{table}'",
+            'row=$(printf "%s\\n" $TRNOPT_CORES | sed -n "$((GROUP_RANK + 1))p")',
+            'core=$(printf "%s" "$row" | cut -d, -f"$((LOCAL_RANK + 1))")',
+            "export NEURON_RT_VISIBLE_CORES=$core",
+        ]
+    else:
+        lines += [
+            "# The plan's local rank i is logical core i: torchrun's and torch-neuronx's default, no binding set.",
+            f"# Assumption: {ASSUME_DEFAULT_BINDING}.",
+            "core=$LOCAL_RANK",
+        ]
+    lines += [
+        "# Record where this rank runs, as a row of `trnopt check-map`'s rank map (rank,instance,chip,core,...).",
+        'mkdir -p "${TRNOPT_RANK_MAP_DIR:-$here/rank-map}"',
+        f'printf "%s,%s,%s,%s,%s,%s\\n" "$RANK" "${{TRNOPT_INSTANCE:-$(hostname)}}" "$((core / {per_chip}))" "$((core % {per_chip}))" '
+        '"${TRNOPT_ULTRASERVER:-}" "$NEURON_LOGICAL_NC_CONFIG" > "${TRNOPT_RANK_MAP_DIR:-$here/rank-map}/rank-$RANK.csv"',
+        'exec "$@"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def readme(launch: Launch, files: dict[str, str]) -> str:
+    lines = [f"trnopt launch files ({launch.scheduler}): {launch.title()}",
+             f"Written from {launch.layout_file}.", "",
+             "Files:"]
+    lines += [f"  {name}" for name in sorted(files)]
+    lines += ["",
+              "Check what the job got: concatenate the rows the workers wrote, with a header, and run",
+              "  (echo rank,instance,chip,core,ultraserver,lnc; cat rank-map/rank-*.csv) > rank-map.csv",
+              f"  trnopt check-map --layout {launch.layout_file} --rank-map rank-map.csv",
+              "(expected-rank-map.csv is the map this launch implies; check-map passes on it.)", "",
+              "Assumptions:",
+              f"  - {ASSUME_CORES};",
+              f"  - {ASSUME_DEFAULT_BINDING};"]
+    if launch.binding.bound:
+        lines.append("  - the Neuron runtime honours NEURON_RT_VISIBLE_CORES per worker (logical core indices);")
+    if launch.ultraserver:
+        lines.append(f"  - {ASSUME_RING};")
+    lines.append("  - torchrun's static rendezvous (--node-rank, --master-addr) numbers the nodes; the c10d "
+                 "rendezvous would choose the node order itself.")
+    return "\n".join(lines) + "\n"
+
+
+def launch_files(launch: Launch) -> dict[str, str]:
+    """file name -> text for the launch's scheduler."""
+    files = {
+        "env.sh": env_sh(launch),
+        "worker.sh": worker_sh(launch),
+        "nodes.csv": nodes_csv(launch),
+        "ranks.csv": ranks_csv(launch),
+        "expected-rank-map.csv": _csv(implied_rank_map(launch)),
+        "job.toml": torchtitan.job_toml(launch.workload, launch.target, launch.layout),
+    }
+    files |= schedulers.files(launch)
+    files["README.txt"] = readme(launch, files)
+    return files
