@@ -232,13 +232,9 @@ def table_lines(rows: list[dict], how: str) -> list[str]:
 
 # -- command ----------------------------------------------------------------------------------------
 def run(args) -> int:
-    from pathlib import Path
+    from trnopt.optimizer.commands.output import check_output, write_output
 
-    from trnopt.optimizer.commands.output import write_output
-    from trnopt.optimizer.errors import InputError
-
-    if args.json not in (None, "-") and Path(args.json).exists() and not args.force:
-        raise InputError(args.json, "--json", "file exists; trnopt never overwrites a file (pass --force to replace it)")
+    check_output(args.json, "--json", args.force)
     target, workload, layout = read_layout(args.layout)
     plan = kernel_plan(workload, layout, target)
     quiet = args.json == "-"

@@ -1,13 +1,51 @@
-"""Argument helpers shared by the commands: the problem flags, and turning them into a Problem."""
+"""Argument helpers shared by the commands: the problem flags, their checks, and turning them into a Problem.
+
+Every flag a user gives is checked here before any work starts: integers and numbers in
+their ranges (finite, within bounds.py for sizes), names that exist, output paths that can
+be written. A broken rule is ``InputError(FLAG, KEY, RULE)`` (exit 2).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 from trnopt.optimizer import defaults
+from trnopt.optimizer.commands.output import check_output
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model import bounds
+from trnopt.optimizer.model.target import Target, check_domains
 from trnopt.optimizer.model.workload import Training, Workload, load_model
+
+MAX_WORKERS = 64             # CP-SAT workers: far more than the cores of any machine trnopt runs on
+MAX_SEED = 2**31 - 1         # CP-SAT's random_seed is a 32-bit signed integer
+MAX_TIME_LIMIT_S = 7 * 86400.0
+MAX_TOP = 50                 # runner-up layouts shown
+
+
+def check_int(value, flag: str, lowest: int, highest: int) -> int | None:
+    """``value`` (None passes) as an integer in [lowest, highest], else InputError naming the flag."""
+    if value is None:
+        return None
+    key = flag.lstrip("-").replace("-", "_")
+    if value < lowest:
+        raise InputError(flag, key, f"must be >= {lowest}, got {value}")
+    if value > highest:
+        raise InputError(flag, key, f"must be <= {highest:,}, got {value:,}" if value.bit_length() < 200
+                         else f"must be <= {highest:,}, got an integer of {value.bit_length()} bits")
+    return value
+
+
+def check_float(value, flag: str, lowest: float, highest: float, open_low: bool = False,
+                open_high: bool = False) -> float:
+    """``value`` finite and in its range (ends open or closed)."""
+    key = flag.lstrip("-").replace("-", "_")
+    low = f"({lowest:g}" if open_low else f"[{lowest:g}"
+    high = f"{highest:g})" if open_high else f"{highest:g}]"
+    if (not math.isfinite(value) or value < lowest or value > highest or (open_low and value == lowest)
+            or (open_high and value == highest)):
+        raise InputError(flag, key, f"must be a finite number in {low}, {high}, got {value:g}")
+    return value
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -48,34 +86,55 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 
 
 def domains_from_args(target: Target, args) -> int | None:
-    """--ultraservers N is N domains; --instances N is N / instances-per-domain domains."""
+    """--ultraservers N is N domains; --instances N is N / instances-per-domain domains (at most bounds.MAX_CHIPS chips)."""
     if args.ultraservers is not None:
-        if args.ultraservers < 1:
-            raise InputError("--ultraservers", "ultraservers", f"must be >= 1, got {args.ultraservers}")
+        check_int(args.ultraservers, "--ultraservers", 1, bounds.MAX_DOMAINS)
         if target.instances_per_domain == 1:
             raise InputError("--ultraservers", "ultraservers", f"{target.name} has single-instance domains; "
                              "use --instances")
+        check_domains(target, args.ultraservers, "--ultraservers", "ultraservers")
         return args.ultraservers
     if args.instances is not None:
         per = target.instances_per_domain
-        if args.instances < 1 or args.instances % per:
+        check_int(args.instances, "--instances", 1, bounds.MAX_CHIPS)
+        if args.instances % per:
             raise InputError("--instances", "instances", f"must be a positive multiple of {per} "
                              f"(instances per {target.name} domain), got {args.instances}")
+        check_domains(target, args.instances // per, "--instances", "instances")
         return args.instances // per
     return None
 
 
+def lnc_from_args(target: Target, args) -> int | None:
+    """--lnc: None (search every allowed value, or the target's default), else one the chip allows."""
+    if args.lnc is None:
+        return None
+    if args.lnc not in target.chip.lnc_allowed:
+        raise InputError("--lnc", "lnc", f"LNC={args.lnc} is not allowed on {target.name} "
+                         f"(allowed: {', '.join(map(str, target.chip.lnc_allowed))})")
+    return args.lnc
+
+
 def workload_from_args(args) -> Workload:
-    if not 0 <= args.headroom < 1:
-        raise InputError("--headroom", "headroom", f"must be in [0, 1), got {args.headroom}")
+    check_float(args.headroom, "--headroom", 0.0, 1.0, open_high=True)
+    check_int(args.seq, "--seq", 1, bounds.MAX_SEQ)
+    check_int(args.global_batch, "--global-batch", 1, bounds.MAX_GLOBAL_BATCH)
     return Workload(load_model(args.model), Training(seq=args.seq, global_batch=args.global_batch))
 
 
 def check_search_args(args) -> None:
+    """--objective, --time-limit, --workers, --seed (and --top where the command has it) in range."""
     if args.objective not in defaults.OBJECTIVES:
         raise InputError("--objective", "objective", f"must be one of {', '.join(defaults.OBJECTIVES)}")
-    if args.time_limit <= 0:
-        raise InputError("--time-limit", "time-limit", f"must be > 0, got {args.time_limit:g}")
+    check_float(args.time_limit, "--time-limit", 0.0, MAX_TIME_LIMIT_S, open_low=True)
+    check_int(args.workers, "--workers", 1, MAX_WORKERS)
+    check_int(args.seed, "--seed", 0, MAX_SEED)
+    check_int(getattr(args, "top", None), "--top", 0, MAX_TOP)
+
+
+def check_output_args(args) -> None:
+    """--json FILE writable, before the work starts."""
+    check_output(args.json, "--json", args.force)
 
 
 def zero_stages_from_args(args) -> tuple[int, ...]:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -59,7 +58,9 @@ from pathlib import Path
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.layoutfile import read_layout
-from trnopt.optimizer.model.placement import _ranges, groups, rank_map, tp_summary
+from trnopt.optimizer.model.inputfile import parse_json, read_text
+from trnopt.optimizer.model.placement import _ranges, planned_map, tp_summary
+from trnopt.optimizer.model.tomlcheck import closest
 from trnopt.optimizer.model.target import Target
 
 COLUMNS = ("rank", "instance", "chip", "core")
@@ -67,7 +68,7 @@ OPTIONAL = ("ultraserver", "lnc")
 SHOW = 5  # findings of one kind printed in full; the rest are counted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Device:
     rank: int
     instance: str
@@ -90,80 +91,114 @@ class Finding:
 
 
 # -- reading ------------------------------------------------------------------------------------
-def _int(path: str, where: str, key: str, value, minimum: int = 0) -> int:
-    """An integer from JSON (int) or CSV (digits), at least ``minimum``."""
+MAX_BYTES = 128 * 2**20   # ~50 bytes a row: room for MAX_ROWS rows with long instance ids
+MAX_ROWS = 2**20          # ranks of one job: 262,144 Trainium2 chips at LNC=2
+MAX_FIELD = 256           # characters of one field (an EC2 instance id is 19, a hostname at most 253)
+MAX_INDEX = 2**20         # a chip or core index, or a rank beyond MAX_ROWS, is no index at all
+
+
+def _int(path: str, where: str, key: str, value, minimum: int = 0, maximum: int = MAX_INDEX) -> int:
+    """An integer from JSON (int) or CSV (digits), in [minimum, maximum]."""
     name = f"{where}.{key}" if where else key
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,12}\s*", value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(path, name, f"must be an integer, got {value!r}")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise InputError(path, name, f"must be an integer, got {shown}")
     if value < minimum:
         raise InputError(path, name, f"must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise InputError(path, name, f"must be <= {maximum:,}, got {value:,}")
     return value
+
+
+def _text(path: str, name: str, value) -> str | None:
+    """An id (instance, UltraServer): a printable string or number of at most MAX_FIELD characters."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(path, name, f"must be an id (a string), got {type(value).__name__}")
+    text = str(value).strip() if not isinstance(value, int) or abs(value) < 10**20 else None
+    if text is None or len(text) > MAX_FIELD:
+        raise InputError(path, name, f"longer than {MAX_FIELD} characters")
+    if not text.isprintable():
+        raise InputError(path, name, "must not hold control characters")
+    return text or None
 
 
 def _rows_from_text(path: str, text: str) -> tuple[list[tuple[str, dict]], object]:
     """(where, row) pairs and the top-level lnc (or None)."""
     stripped = text.lstrip()
     if path.lower().endswith(".json") or stripped.startswith(("[", "{")):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, "-", f"not valid JSON ({exc})") from None
+        data = parse_json(path, text)
         top_lnc = None
         if isinstance(data, dict):
             unknown = set(data) - {"lnc", "ranks"}
             if unknown:
-                raise InputError(path, sorted(unknown)[0], "unknown key; a rank map object has 'ranks' and 'lnc'")
+                name = sorted(unknown)[0]
+                raise InputError(path, name, f"unknown key; a rank map object has 'ranks' and 'lnc'"
+                                 f"{closest(name, ('lnc', 'ranks'))}")
             if "ranks" not in data:
                 raise InputError(path, "ranks", "missing: the list of {rank, instance, chip, core} objects")
             top_lnc, data = data.get("lnc"), data["ranks"]
         if not isinstance(data, list):
             raise InputError(path, "ranks", "must be a list of objects")
+        if len(data) > MAX_ROWS:
+            raise InputError(path, "ranks", f"{len(data):,} rows; at most {MAX_ROWS:,}")
         rows = []
         for i, row in enumerate(data):
             if not isinstance(row, dict):
                 raise InputError(path, f"[{i}]", "must be an object with rank, instance, chip, core")
             rows.append((f"[{i}]", row))
         return rows, top_lnc
-    reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames:
-        raise InputError(path, "header", f"empty file; expected a CSV header {','.join(COLUMNS)}")
-    header = [h.strip() for h in reader.fieldnames]
-    reader.fieldnames = header
-    return [(f"line {n + 2}", row) for n, row in enumerate(reader)], None
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in next(reader, [])]
+        if not header or header == [""]:
+            raise InputError(path, "header", f"empty file; expected a CSV header {','.join(COLUMNS)}")
+        rows = []
+        for n, fields in enumerate(reader):
+            if len(rows) >= MAX_ROWS:
+                raise InputError(path, f"line {n + 2}", f"more than {MAX_ROWS:,} rows")
+            if not fields:
+                continue
+            if len(fields) > len(header):
+                raise InputError(path, f"line {n + 2}", f"{len(fields)} fields under a header of {len(header)}")
+            rows.append((f"line {n + 2}", dict(zip(header, fields))))
+    except csv.Error as exc:
+        raise InputError(path, f"line {reader.line_num}", f"not valid CSV ({exc})") from None
+    return rows, None
 
 
 def read_rank_map(path: str) -> RankMapFile:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(path, "-", "file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, "-", f"cannot read ({exc})") from None
+    """The job's rank map, every row checked (see the module docstring); bounded in size and rows."""
+    text = read_text(path, "--rank-map", max_bytes=MAX_BYTES)
     rows, top_lnc = _rows_from_text(path, text)
+    del text
     if not rows:
         raise InputError(path, "ranks", "no rows")
     lnc: set[int] = set()
     if top_lnc is not None:
-        lnc.add(_int(path, "", "lnc", top_lnc, 1))
-    devices, seen_rank, seen_core = [], {}, {}
+        lnc.add(_int(path, "", "lnc", top_lnc, 1, 64))
+    devices, seen_rank, seen_core, ids = [], {}, {}, {}
     for where, row in rows:
         unknown = [k for k in row if k not in COLUMNS + OPTIONAL]
         if unknown:
-            raise InputError(path, f"{where}.{unknown[0]}", f"unknown key; the keys are {', '.join(COLUMNS + OPTIONAL)}")
+            raise InputError(path, f"{where}.{_text(path, where, unknown[0]) or '?'}",
+                             f"unknown key; the keys are {', '.join(COLUMNS + OPTIONAL)}"
+                             f"{closest(str(unknown[0]), COLUMNS + OPTIONAL)}")
         for key in COLUMNS:
             if row.get(key) in (None, ""):
                 raise InputError(path, f"{where}.{key}", "missing required key")
-        rank = _int(path, where, "rank", row["rank"])
-        instance = str(row["instance"]).strip()
+        rank = _int(path, where, "rank", row["rank"], maximum=MAX_ROWS - 1)
+        instance = _text(path, f"{where}.instance", row["instance"])
         if not instance:
             raise InputError(path, f"{where}.instance", "must be a non-empty id")
-        us = row.get("ultraserver")
-        us = str(us).strip() if us not in (None, "") else None
+        us = _text(path, f"{where}.ultraserver", row.get("ultraserver"))
+        instance, us = ids.setdefault(instance, instance), ids.setdefault(us, us) if us else None
         dev = Device(rank, instance, _int(path, where, "chip", row["chip"]), _int(path, where, "core", row["core"]), us)
         if row.get("lnc") not in (None, ""):
-            lnc.add(_int(path, where, "lnc", row["lnc"], 1))
+            lnc.add(_int(path, where, "lnc", row["lnc"], 1, 64))
         if rank in seen_rank:
             raise InputError(path, f"{where}.rank", f"rank {rank} appears twice (also {seen_rank[rank]})")
         place = (dev.instance, dev.chip, dev.core)
@@ -172,9 +207,10 @@ def read_rank_map(path: str) -> RankMapFile:
                              f"holds rank {seen_core[place]}")
         seen_rank[rank], seen_core[place] = where, rank
         devices.append(dev)
+    del rows, seen_core
     devices.sort(key=lambda d: d.rank)
-    missing = sorted(set(range(len(devices))) - set(seen_rank))
-    if missing:
+    if devices[-1].rank != len(devices) - 1:
+        missing = sorted(set(range(len(devices))) - set(seen_rank))
         raise InputError(path, "rank", f"ranks must be 0..{len(devices) - 1}, each once; missing {_ranges(missing)}")
     by_instance: dict[str, set[str | None]] = {}
     for d in devices:
@@ -214,25 +250,25 @@ def check(layout: Layout, target: Target, job: RankMapFile) -> list[Finding]:
                                  f"indices up to {top}) but LNC={layout.lnc} gives {per_chip} logical cores per chip: "
                                  f"the job ran at a smaller LNC; set NEURON_LOGICAL_NC_CONFIG={layout.lnc} and "
                                  f"--logical-nc-config={layout.lnc}"))
-    planned = rank_map(layout, target)
+    planned = planned_map(layout, target)
+    slot = [(dom, inst) for dom, inst in zip(planned.domain, planned.instance)]
     # match each job instance to the plan's (domain, instance) slot most of its ranks were planned on
     votes: dict[str, Counter] = {}
     for d in devs:
-        p = planned[d.rank]
-        votes.setdefault(d.instance, Counter())[(p.domain, p.instance)] += 1
+        votes.setdefault(d.instance, Counter())[slot[d.rank]] += 1
     slot_of = {inst: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for inst, c in votes.items()}
-    # TP groups off their planned chips, and TP groups across more instances than planned
-    summary = tp_summary(layout, planned)
+    # TP groups off their planned chips, and TP groups across more instances than planned; TP group g
+    # is ranks g*tp .. g*tp + tp - 1 (tp is the fastest coordinate)
+    summary = tp_summary(layout, target)
     off, across = [], []
-    for g, grp in enumerate(groups(layout, planned, "tp")):
-        ranks = [p.rank for p in grp]
-        moved = [(p, devs[p.rank]) for p in grp
-                 if slot_of[devs[p.rank].instance] != (p.domain, p.instance) or devs[p.rank].chip != p.chip]
+    for g in range(layout.ranks // layout.tp):
+        ranks = list(range(g * layout.tp, (g + 1) * layout.tp))
+        moved = [r for r in ranks if slot_of[devs[r].instance] != slot[r] or devs[r].chip != planned.chip[r]]
         if moved:
-            p, d = moved[0]
-            off.append(f"TP group {g} (ranks {_ranges(ranks)}): {len(moved)} of {len(grp)} ranks off their planned "
-                       f"chips, e.g. rank {p.rank} planned on domain {p.domain} instance {p.instance} chip {p.chip}, "
-                       f"runs on {d.instance} chip {d.chip}")
+            r, d = moved[0], devs[moved[0]]
+            off.append(f"TP group {g} (ranks {_ranges(ranks)}): {len(moved)} of {len(ranks)} ranks off their planned "
+                       f"chips, e.g. rank {r} planned on domain {slot[r][0]} instance {slot[r][1]} chip "
+                       f"{planned.chip[r]}, runs on {d.instance} chip {d.chip}")
         insts = sorted({devs[r].instance for r in ranks})
         uss = {devs[r].ultraserver for r in ranks} - {None}
         if len(insts) > summary.instances_per_group or len(uss) > summary.domains_per_group:

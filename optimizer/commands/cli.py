@@ -14,13 +14,21 @@ import sys
 from trnopt.kernels import command as kernels_command
 from trnopt.optimizer.commands import catalog, checkmap, compare, evaluate, solve
 from trnopt.optimizer.commands import map as map_command
-from trnopt.optimizer.errors import InfeasibleError, InputError
+from trnopt.optimizer.errors import InfeasibleError, InputError, one_line
 
 COMMANDS = (catalog, evaluate, solve, compare, map_command, checkmap, kernels_command)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``trnopt: error: COMMAND: FLAG: RULE``), exit 2."""
+
+    def error(self, message: str):
+        print(f"trnopt: error: {one_line(self.prog)}: {one_line(message)} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="trnopt", description="Parallel layouts and overlap kernels for AWS Trainium.")
+    top = Parser(prog="trnopt", description="Parallel layouts and overlap kernels for AWS Trainium.")
     top.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = top.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
@@ -40,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except InfeasibleError as exc:
         if args.debug:
             raise
-        print(f"trnopt: infeasible: {exc}", file=sys.stderr)
+        print(f"trnopt: infeasible: {one_line(exc)}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         return 130
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: say so in one line; --debug shows the traceback
         if args.debug:
             raise
-        print(f"trnopt: internal error ({type(exc).__name__}: {exc}); please report it, "
+        print(f"trnopt: internal error ({type(exc).__name__}: {one_line(exc)[:500]}); please report it, "
               "and rerun with --debug for the traceback", file=sys.stderr)
         return 70
 

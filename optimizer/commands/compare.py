@@ -27,8 +27,8 @@ import sys
 from dataclasses import dataclass, replace
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.args import (add_output_args, add_search_args, add_workload_args, check_search_args,
-                                            workload_from_args)
+from trnopt.optimizer.commands.args import (add_output_args, add_search_args, add_workload_args, check_output_args,
+                                            check_search_args, workload_from_args)
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.cost.evaluate import Evaluation
@@ -37,7 +37,7 @@ from trnopt.optimizer.search.domains import domain_flag, fewest_domains
 from trnopt.optimizer.search.driver import SearchResult, solve
 from trnopt.optimizer.search.cpsat import SolverMismatch
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.model.target import GIB, Target, load_target
+from trnopt.optimizer.model.target import GIB, Target, check_domains, load_target
 from trnopt.optimizer.model.workload import Workload
 
 
@@ -222,7 +222,10 @@ def run(args: argparse.Namespace) -> int:
     targets = parse_targets(args.targets)
     if args.ultraservers is not None and args.ultraservers < 1:
         raise InputError("--ultraservers", "ultraservers", f"must be >= 1, got {args.ultraservers}")
+    for _, target in targets if args.ultraservers is not None else ():
+        check_domains(target, args.ultraservers, "--ultraservers", "ultraservers")
     check_search_args(args)
+    check_output_args(args)
     workload = workload_from_args(args)
     rows = compare(workload, targets, args.ultraservers, args.headroom, args.objective, args.time_limit,
                    args.workers, args.seed)

@@ -1,19 +1,26 @@
-"""`trnopt evaluate`: score one hand-written layout with the cost model."""
+"""`trnopt evaluate`: score one hand-written layout with the cost model.
+
+Exit 0 when the layout fits, 1 when it does not (the report says by how much), 2 when
+the flags do not make a layout of this model on this machine.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
 import re
+import sys
 
-from trnopt.optimizer.commands.args import add_problem_args, domains_from_args, workload_from_args
+from trnopt.optimizer.commands.args import (add_problem_args, check_int, check_output_args, domains_from_args,
+                                            lnc_from_args, workload_from_args)
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines
+from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_json, rank_map_lines
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model import bounds
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
 from trnopt.optimizer.model.layoutfile import problem_dict
-from trnopt.optimizer.model.target import load_target
+from trnopt.optimizer.model.target import GIB, check_domains, load_target
 
 
 def register(sub) -> None:
@@ -32,7 +39,25 @@ def register(sub) -> None:
     p.add_argument("--lnc", type=int, help="logical NeuronCore config (default: the target's)")
     p.add_argument("--placement", help='each dimension\'s factors on named axes, e.g. "tp=core4,x4,y4;pp=ring4;dp=efa2" '
                    "(default: TP on the fastest axes, then cp, ep, dp, pp)")
+    p.add_argument("--rank-map", action="store_true",
+                   help="put one row per rank in the JSON (default: a summary of a few lines)")
     p.set_defaults(run=run)
+
+
+FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "ep": "--ep", "cp": "--cp", "zero": "--zero",
+         "recompute": "--recompute", "micro_batch": "--micro-batch", "interleave": "--interleave",
+         "degrees": "--tp/--pp/--dp/--cp"}
+
+
+def check_layout_flags(args) -> None:
+    """Every layout flag in its range before anything is built from it."""
+    for dim in DIMS:
+        check_int(getattr(args, dim), f"--{dim}", 1, bounds.MAX_CHIPS * bounds.MAX_PHYSICAL_CORES)
+    check_int(args.zero, "--zero", 0, 3)
+    check_int(args.micro_batch, "--micro-batch", 1, bounds.MAX_GLOBAL_BATCH)
+    check_int(args.interleave, "--interleave", 1, bounds.MAX_LAYERS)
+    if args.recompute not in RECOMPUTE:
+        raise InputError("--recompute", "recompute", f"must be one of {', '.join(RECOMPUTE)}, got {args.recompute!r}")
 
 
 def degrees_from_args(args, rows: tuple[tuple[int, ...], ...] | None) -> dict[str, int]:
@@ -46,23 +71,26 @@ def degrees_from_args(args, rows: tuple[tuple[int, ...], ...] | None) -> dict[st
         if flag is not None and from_rows is not None and flag != from_rows:
             raise InputError(f"--{dim}", dim, f"{flag} disagrees with --placement, which gives {from_rows}")
         out[dim] = flag if flag is not None else (from_rows or (0 if dim == "dp" else 1))
-        if out[dim] < 0 or (out[dim] == 0 and dim != "dp"):
-            raise InputError(f"--{dim}", dim, f"must be >= 1, got {out[dim]}")
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     target, workload = load_target(args.target), workload_from_args(args)
-    if args.lnc is not None and args.lnc not in target.chip.lnc_allowed:
-        raise InputError("--lnc", "lnc", f"LNC={args.lnc} is not allowed on {target.name} "
-                         f"(allowed: {', '.join(map(str, target.chip.lnc_allowed))})")
-    lnc = args.lnc or target.chip.lnc_default
+    check_layout_flags(args)
+    check_output_args(args)
+    if args.placement is not None and (len(args.placement) > 4096 or re.search(r"\d{13}", args.placement)):
+        raise InputError("--placement", "placement", "longer than 4096 characters or a factor of more than 12 digits")
+    lnc = lnc_from_args(target, args) or target.chip.lnc_default
     domains = domains_from_args(target, args)
     per_domain = target.ranks(lnc, 1)
     if domains is None and args.placement is not None:
         # the scale-out factor the placement names (1 when it names none)
         probe = target.axes(lnc, 1)
-        domains = max(1, math.prod(int(f) for f in _scale_out_factors(args.placement, probe[-1].name)))
+        factors = _scale_out_factors(args.placement, probe[-1].name)
+        if any(len(f) > 12 for f in factors):
+            raise InputError("--placement", probe[-1].name, "a factor of more than 12 digits")
+        domains = max(1, math.prod(int(f) for f in factors))
+        check_domains(target, domains, "--placement", probe[-1].name)
     deg = degrees_from_args(args, None if args.placement is None else
                             parse_placement(args.placement, target.axes(lnc, domains or 1)))
     if deg["dp"] == 0:  # the rest of the machine
@@ -74,28 +102,37 @@ def run(args: argparse.Namespace) -> int:
         if product % per_domain:
             raise InputError("--tp/--pp/--dp", "degrees", f"tp*pp*dp*cp = {product} is not a multiple of the "
                              f"{per_domain} ranks of one {target.name} domain at LNC={lnc}")
+        check_domains(target, product // per_domain, "--tp/--pp/--dp", "degrees")
         domains = product // per_domain
     axes = target.axes(lnc, domains)
     if deg["dp"] % deg["ep"]:
         raise InputError("--ep", "ep", f"expert parallelism {deg['ep']} must divide data parallelism {deg['dp']}")
-    rows = (parse_placement(args.placement, axes) if args.placement is not None else
-            default_placement(axes, {**deg, "dp": deg["dp"] // deg["ep"]}))
-    source = "--placement" if args.placement is not None else "--tp/--pp/--dp"
+    source = "--placement" if args.placement is not None else None
     try:
+        rows = (parse_placement(args.placement, axes) if args.placement is not None else
+                default_placement(axes, {**deg, "dp": deg["dp"] // deg["ep"]}))
         layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], ep=deg["ep"], cp=deg["cp"], zero=args.zero,
                         recompute=args.recompute, micro_batch=args.micro_batch, interleave=args.interleave,
                         lnc=lnc, axes=axes, placement=rows)
     except InputError as exc:
-        raise InputError(source, exc.key, exc.rule) from None
+        if exc.source != "layout":
+            raise
+        flag = source if exc.key in ("placement", "degrees") and source else FLAGS.get(exc.key, "--placement")
+        raise InputError(flag, exc.key, exc.rule) from None
     problems = layout.workload_problems(workload)
     if problems:
-        raise InputError(source, "degrees", problems[0])
+        raise InputError(source or "--tp/--pp/--dp/--cp", "degrees", problems[0])
     e = Problem(workload, target, domains, args.headroom).evaluate(layout)
     if args.json != "-":
         print("\n".join(evaluation_lines(e, target) + [""] + rank_map_lines(e, target)))
     if args.json:
         write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
-                                 **evaluation_dict(e)}, args.force)
+                                 **evaluation_dict(e), "rank_map": rank_map_json(e, target, args.rank_map)},
+                     args.force)
+    if not e.fits:
+        print(f"trnopt evaluate: the layout does not fit: {e.memory.total / GIB:.1f} GiB per chip, "
+              f"{e.usable_bytes / GIB:.1f} usable", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,13 +19,16 @@ import io
 import math
 from dataclasses import dataclass
 
+from trnopt.optimizer.commands.args import check_int
+from trnopt.optimizer.commands.output import check_output
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.layoutfile import read_layout
-from trnopt.optimizer.model.placement import _ranges, groups, rank_map, tp_summary
+from trnopt.optimizer.model.placement import _ranges, instance_ranks, stage, tp_group, tp_summary
 from trnopt.optimizer.model.target import Target
 
 DEFAULT_MAX_DOMAINS = 4
+MAX_DRAWN = 64  # domains one picture can hold
 PLOT_HINT = "not installed; the PNG needs the plot extra: pip install 'trnopt[plot]'"
 
 
@@ -71,12 +74,18 @@ def instance_columns(target: Target) -> int:
     return n if n <= 4 else near_square_columns(n)
 
 
-def pictures(layout: Layout, target: Target) -> list[DomainPicture]:
-    places = rank_map(layout, target)
-    tp_of = {p.rank: i for i, grp in enumerate(groups(layout, places, "tp")) for p in grp}
-    out = [DomainPicture(d, {}) for d in range(layout.domains)]
-    for p in sorted(places, key=lambda p: p.core):
-        out[p.domain].chips.setdefault((p.instance, p.chip), []).append(Core(p.rank, tp_of[p.rank], p.coords["pp"]))
+def pictures(layout: Layout, target: Target, max_domains: int | None = None) -> list[DomainPicture]:
+    """The first ``max_domains`` domains (all when None), computed one instance at a time."""
+    out = []
+    per_chip = layout.ranks_per_chip
+    for d in range(min(layout.domains, max_domains or layout.domains)):
+        pic = DomainPicture(d, {})
+        for inst in range(target.instances_per_domain):
+            ranks = instance_ranks(layout, target, d, inst)  # by chip, then core
+            for chip in range(target.chips_per_instance):
+                pic.chips[(inst, chip)] = [Core(r, tp_group(r, layout), stage(r, layout))
+                                           for r in ranks[chip * per_chip:(chip + 1) * per_chip]]
+        out.append(pic)
     return out
 
 
@@ -96,7 +105,7 @@ def describe_target(target: Target) -> str:
 def text_map(layout: Layout, target: Target, max_domains: int = DEFAULT_MAX_DOMAINS) -> str:
     cols = chip_columns(target)
     rows = target.chips_per_instance // cols
-    pics = pictures(layout, target)
+    pics = pictures(layout, target, max_domains)
     corner = axis_corner(target)
     margin = max(3, len(corner))
     lines = [f"rank map: {layout.describe()} on {layout.domains} x {describe_target(target)}",
@@ -104,7 +113,7 @@ def text_map(layout: Layout, target: Target, max_domains: int = DEFAULT_MAX_DOMA
              f"each chip: T<TP groups> s<pipeline stages> of its {layout.ranks_per_chip} logical core(s); "
              "TP group n holds the ranks with equal coordinates in every other dimension; "
              f"chip number = {cols} * row + column"]
-    for pic in pics[:max_domains]:
+    for pic in pics:
         lines.append("")
         lines.append(f"domain {pic.index}")
         labels = {k: chip_label(v) for k, v in pic.chips.items()}
@@ -115,9 +124,9 @@ def text_map(layout: Layout, target: Target, max_domains: int = DEFAULT_MAX_DOMA
             for r in range(rows):
                 cells = [labels[(inst, r * cols + c)].ljust(width) for c in range(cols)]
                 lines.append(f"    {r:<{margin}d} " + " ".join(cells).rstrip())
-    if len(pics) > max_domains:
-        lines += ["", f"... {len(pics) - max_domains} more domain(s) not drawn (--domains to draw more)"]
-    lines += ["", tp_summary(layout, rank_map(layout, target)).check_line(layout)]
+    if layout.domains > len(pics):
+        lines += ["", f"... {layout.domains - len(pics)} more domain(s) not drawn (--domains to draw more)"]
+    lines += ["", tp_summary(layout, target).check_line(layout)]
     return "\n".join(lines)
 
 
@@ -133,7 +142,7 @@ def png_map(layout: Layout, target: Target, path: str, force: bool = False,
         raise InputError("--png", "matplotlib", PLOT_HINT) from None
     from trnopt.optimizer.commands.output import write_output
 
-    pics = pictures(layout, target)[:max_domains]
+    pics = pictures(layout, target, max_domains)
     cols, icols = chip_columns(target), instance_columns(target)
     rows = target.chips_per_instance // cols
     irows = math.ceil(target.instances_per_domain / icols)
@@ -183,14 +192,14 @@ def register(sub) -> None:
     p.add_argument("--layout", required=True, help="the JSON that `trnopt solve --json` writes")
     p.add_argument("--png", metavar="FILE", help="write a PNG picture (needs matplotlib: pip install 'trnopt[plot]')")
     p.add_argument("--domains", type=int, default=DEFAULT_MAX_DOMAINS,
-                   help=f"draw at most this many domains (default {DEFAULT_MAX_DOMAINS})")
+                   help=f"draw at most this many domains (default {DEFAULT_MAX_DOMAINS}, at most {MAX_DRAWN})")
     p.add_argument("--force", action="store_true", help="allow --png to replace an existing file")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.domains < 1:
-        raise InputError("--domains", "domains", f"must be >= 1, got {args.domains}")
+    check_int(args.domains, "--domains", 1, MAX_DRAWN)
+    check_output(args.png, "--png", args.force)
     target, _, layout = read_layout(args.layout)
     if args.png:
         png_map(layout, target, args.png, args.force, args.domains)

@@ -1,12 +1,60 @@
-"""Writing what a command produces: JSON, text or bytes, to a file or to stdout."""
+"""Writing what a command produces: JSON, text or bytes, to a file or to stdout.
+
+An output path is checked before the work starts (``check_output``), so that a solve of
+minutes does not end in "file exists" or "no such directory":
+
+- ``-`` is stdout; an empty path is an error;
+- an existing file is replaced only with ``--force``; a directory, a device, a FIFO or a
+  symbolic link (dangling or not) is never written;
+- the folder must exist, be a folder, and take a new file (probed by creating and
+  removing one, which also refuses /proc and read-only mounts).
+
+``write_output`` creates the file without following links (``O_EXCL | O_NOFOLLOW``) or,
+with ``--force``, writes a temporary file beside it and renames it over the old one.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
-from pathlib import Path
+import tempfile
 
 from trnopt.optimizer.errors import InputError
+
+
+def check_output(path: str | None, flag: str = "--json", force: bool = False) -> None:
+    """Refuse an output path that ``write_output`` could not write (see the module docstring)."""
+    if path is None or path == "-":
+        return
+    if not path.strip():
+        raise InputError(repr(path), flag, "an empty path; give a file name, or '-' for stdout")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except (OSError, ValueError) as exc:
+        raise InputError(path, flag, f"not a usable path ({getattr(exc, 'strerror', None) or exc})") from None
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode):
+            raise InputError(path, flag, "a symbolic link; trnopt writes only regular files it can see")
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(path, flag, "is a directory; give a file name inside it")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(path, flag, "not a regular file (a device, FIFO or socket is not written)")
+        if not force:
+            raise InputError(path, flag, "file exists; trnopt never overwrites a file (pass --force to replace it)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        why = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+        raise InputError(path, flag, f"the folder {folder} {why}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trnopt-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(path, flag, f"cannot write in {folder} ({exc.strerror or exc})") from None
 
 
 def write_output(path: str, payload: dict | str | bytes, force: bool = False, flag: str = "--json") -> None:
@@ -18,10 +66,24 @@ def write_output(path: str, payload: dict | str | bytes, force: bool = False, fl
         else:
             sys.stdout.write(data)
         return
-    out = Path(path)
-    if out.exists() and not force:
-        raise InputError(path, flag, "file exists; trnopt never overwrites a file (pass --force to replace it)")
-    if isinstance(data, bytes):
-        out.write_bytes(data)
-    else:
-        out.write_text(data, encoding="utf-8")
+    check_output(path, flag, force)
+    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    try:
+        if os.path.lexists(path):  # forced: replace it in one rename
+            fd, tmp = tempfile.mkstemp(prefix=".trnopt-", dir=os.path.dirname(os.path.abspath(path)))
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(raw)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, path)
+            finally:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+    except FileExistsError:
+        raise InputError(path, flag, "file exists; trnopt never overwrites a file (pass --force to replace it)") from None
+    except OSError as exc:
+        raise InputError(path, flag, f"cannot be written ({exc.strerror or exc})") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
-from trnopt.optimizer.model.placement import instance_table, rank_map, rank_map_rows, tp_summary
+from trnopt.optimizer.model.placement import instance_table, rank_map_rows, rank_map_summary, tp_summary
 from trnopt.optimizer.search.driver import SearchResult
 from trnopt.optimizer.model.target import GIB, Target
 
@@ -49,10 +49,9 @@ def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
 
 
 def rank_map_lines(e: Evaluation, target: Target) -> list[str]:
-    places = rank_map(e.layout, target)
-    summary = tp_summary(e.layout, places)
+    summary = tp_summary(e.layout, target)
     return ["rank-to-chip map (rank order tp, cp, ep, dp, pp; tp fastest):",
-            *instance_table(e.layout, places), summary.check_line(e.layout)]
+            *instance_table(e.layout, target), summary.check_line(e.layout)]
 
 
 def overlap_source_line(e: Evaluation, hidden) -> str:
@@ -102,7 +101,13 @@ def evaluation_dict(e: Evaluation) -> dict:
     return {"layout": layout_dict(e.layout), **e.as_dict()}
 
 
-def solve_dict(result: SearchResult, problem_info: dict) -> dict:
+def rank_map_json(e: Evaluation, target: Target, full: bool) -> dict | list[dict]:
+    """The rank map of a JSON answer: a summary of a few lines, or one row per rank when asked for (--rank-map)."""
+    return list(rank_map_rows(e.layout, target)) if full else rank_map_summary(e.layout, target)
+
+
+def solve_dict(result: SearchResult, problem_info: dict, full_rank_map: bool = False) -> dict:
+    """One JSON document, under 1 MB whatever the machine unless ``full_rank_map`` asks for every rank."""
     e = result.best
     return {
         "problem": problem_info,
@@ -113,7 +118,7 @@ def solve_dict(result: SearchResult, problem_info: dict) -> dict:
         "layout": layout_dict(e.layout),
         **e.as_dict(),
         "lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc},
-        "rank_map": rank_map_rows(e.layout, result.problem.target),
+        "rank_map": rank_map_json(e, result.problem.target, full_rank_map),
         "runners_up": [evaluation_dict(r) for r in result.runners_up],
         "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}
                          for a in result.alternatives],

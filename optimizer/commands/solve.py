@@ -7,8 +7,10 @@ import sys
 from dataclasses import replace
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.args import (add_problem_args, add_search_args, check_search_args, domains_from_args,
-                                            workload_from_args, zero_stages_from_args)
+from trnopt.optimizer.commands.args import (add_problem_args, add_search_args, check_output_args, check_search_args,
+                                            domains_from_args, lnc_from_args, workload_from_args,
+                                            zero_stages_from_args)
+from trnopt.optimizer.commands.degrees import check_degrees
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.commands.report import solve_dict, solve_text
 from trnopt.optimizer.cost.problem import Problem
@@ -27,6 +29,8 @@ def register(sub) -> None:
     add_problem_args(p)
     add_search_args(p)
     p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
+    p.add_argument("--rank-map", action="store_true",
+                   help="put one row per rank in the JSON (default: a summary of a few lines)")
     p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default: those the framework runs)")
     p.add_argument("--framework", choices=tuple(PROFILES),
                    help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
@@ -42,16 +46,26 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     target, workload = load_target(args.target), workload_from_args(args)
     check_search_args(args)
+    check_output_args(args)
+    if args.json == "-" and args.format in export.FORMATS:
+        raise InputError("--json", "json", f"'-' writes the JSON to stdout, where --format {args.format} writes; "
+                         "give --json FILE")
     domains = domains_from_args(target, args)
+    lnc = lnc_from_args(target, args)
     framework = framework_from_args(args)
     problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
-                      lnc=(args.lnc,) if args.lnc else None, zero_stages=framework_zero_stages(args, framework))
+                      lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework))
+    tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
     note = ""
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed)
         if found is None:
+            need = least_memory(replace(problem, domains=tiled), args.workers, args.seed)
             raise InfeasibleError(f"{workload.model.name} fits on no count of {target.name} domains up to "
-                                  f"{MAX_DOMAINS} with {args.headroom:.0%} headroom")
+                                  f"{MAX_DOMAINS} with {args.headroom:.0%} headroom: on {tiled} domains "
+                                  f"the least memory any layout needs is at least {need / GIB:.1f} GiB per chip; "
+                                  "what would fit: more domains (--ultraservers/--instances), a smaller global "
+                                  "batch or sequence, or a smaller --headroom")
         if found > 1:
             need = least_memory(problem, args.workers, args.seed)
             note = (f"no domain count given: {found} is the fewest {target.name} domains on which "
@@ -64,13 +78,13 @@ def run(args: argparse.Namespace) -> int:
     result.domains_note = note
     info = problem_dict(args.target, args.model, workload, problem.domains)
     if args.format == "json" or args.json == "-":
-        write_output("-", solve_dict(result, info))
+        write_output("-", solve_dict(result, info, args.rank_map))
     elif args.format in export.FORMATS:
         export.write(args.format, result)
     else:
         print(solve_text(result))
     if args.json and args.json != "-":
-        write_output(args.json, solve_dict(result, info), args.force)
+        write_output(args.json, solve_dict(result, info, args.rank_map), args.force)
     for why in (framework.supports(result.best.layout), framework.producible(result.best.layout, target)):
         if why:
             print(f"trnopt: warning: {why}", file=sys.stderr)

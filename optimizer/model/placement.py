@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trnopt.optimizer.model.layout import DIMS, Layout
@@ -44,6 +47,58 @@ def groups(layout: Layout, places: list[RankPlace], dim: str) -> list[list[RankP
     return [sorted(g, key=lambda p: p.coords[dim]) for g in by_key.values()]
 
 
+# -- one rank at a time: the map without a list of every rank ---------------------------------------
+def rank_of(layout: Layout, axis_coord: tuple[int, ...]) -> int:
+    """The rank at a coordinate per axis: the inverse of ``Layout.rank_coordinates``."""
+    n = len(DIMS)
+    coord, stride = [0] * n, [1] * n
+    for j, c in enumerate(axis_coord):
+        for i in range(n):
+            f = layout.placement[i][j]
+            digit, c = c % f, c // f
+            coord[i] += digit * stride[i]
+            stride[i] *= f
+    rank, scale = 0, 1
+    for i in range(n):
+        rank += coord[i] * scale
+        scale *= stride[i]
+    return rank
+
+
+def place_of(layout: Layout, target: Target, rank: int) -> RankPlace:
+    """Where one rank runs (as ``rank_map`` gives it, without building the others)."""
+    dims, axis_coord = layout.rank_coordinates(rank)
+    chip_in_domain, stride = 0, 1
+    for axis, c in zip(layout.axes[1:-1], axis_coord[1:-1]):
+        chip_in_domain += c * stride
+        stride *= axis.size
+    return RankPlace(rank, axis_coord[-1], chip_in_domain // target.chips_per_instance,
+                     chip_in_domain % target.chips_per_instance, axis_coord[0], dims)
+
+
+def instance_ranks(layout: Layout, target: Target, domain: int, instance: int) -> list[int]:
+    """The ranks on one instance, by chip and core (chips * cores of one instance: bounded by the target)."""
+    sizes = [a.size for a in layout.axes[1:-1]]
+    out = []
+    for chip in range(instance * target.chips_per_instance, (instance + 1) * target.chips_per_instance):
+        coords, rest = [], chip
+        for size in sizes:
+            coords.append(rest % size)
+            rest //= size
+        out += [rank_of(layout, (core, *coords, domain)) for core in range(layout.ranks_per_chip)]
+    return out
+
+
+def tp_group(rank: int, layout: Layout) -> int:
+    """TP group index of a rank: groups are numbered in rank order, and tp is the fastest coordinate."""
+    return rank // layout.tp
+
+
+def stage(rank: int, layout: Layout) -> int:
+    """Pipeline stage of a rank: pp is the slowest coordinate."""
+    return rank // (layout.ranks // layout.pp)
+
+
 @dataclass(frozen=True)
 class TpSummary:
     groups: int
@@ -62,28 +117,43 @@ class TpSummary:
                 " - chosen on purpose by the search (its cost is in the TP term above)")
 
 
-def tp_summary(layout: Layout, places: list[RankPlace]) -> TpSummary:
-    tp_groups = groups(layout, places, "tp")
-    g = tp_groups[0]
-    return TpSummary(len(tp_groups), len(g), len({(p.domain, p.instance, p.chip) for p in g}),
-                     max(len({(p.domain, p.instance) for p in grp}) for grp in tp_groups),
-                     max(len({p.domain for p in grp}) for grp in tp_groups))
+def tp_summary(layout: Layout, target: Target) -> TpSummary:
+    """How far one TP group reaches, computed from the placement without a list of ranks.
+
+    tp is the innermost digit on every axis, so a group occupies on axis j the positions
+    ``d + f_j * o_j`` (d < f_j, the group's factor; o_j fixed by its other coordinates): it
+    has prod(f_j) chips over the domain axes and f_out domains. Instances per group is the
+    largest over the offsets o of one domain (at most the chips of a domain to visit).
+    """
+    rows = layout.placement[DIMS.index("tp")]
+    domain_axes = layout.axes[1:-1]
+    f = rows[1:-1]
+    strides, s = [], 1
+    for a in domain_axes:
+        strides.append(s)
+        s *= a.size
+    inside = [sum(c) for c in itertools.product(*([d * st for d in range(fj)] for fj, st in zip(f, strides)))]
+    most = 0
+    for offset in itertools.product(*(range(a.size // fj) for a, fj in zip(domain_axes, f))):
+        base = sum(o * fj * st for o, fj, st in zip(offset, f, strides))
+        most = max(most, len({(base + c) // target.chips_per_instance for c in inside}))
+    return TpSummary(layout.ranks // layout.tp, layout.tp, math.prod(rows[1:]), most * rows[-1], rows[-1])
 
 
-def instance_table(layout: Layout, places: list[RankPlace], limit: int = 8) -> list[str]:
+def instance_table(layout: Layout, target: Target, limit: int = 8) -> list[str]:
     """Compact picture: which TP groups and pipeline stages sit in each instance (first ``limit``)."""
-    tp_groups = groups(layout, places, "tp")
-    group_of = {p.rank: i for i, grp in enumerate(tp_groups) for p in grp}
-    lines, seen = [], {}
-    for p in places:
-        seen.setdefault((p.domain, p.instance), []).append(p)
-    for (domain, inst), ranks in sorted(seen.items())[:limit]:
-        tps = sorted({group_of[p.rank] for p in ranks})
-        stages = sorted({p.coords["pp"] for p in ranks})
-        lines.append(f"  domain {domain} instance {inst}: {len(ranks)} ranks {_rank_set([p.rank for p in ranks])}, "
+    lines = []
+    per_domain = target.instances_per_domain
+    total = layout.domains * per_domain
+    for k in range(min(limit, total)):
+        domain, inst = divmod(k, per_domain)
+        ranks = sorted(instance_ranks(layout, target, domain, inst))
+        tps = sorted({tp_group(r, layout) for r in ranks})
+        stages = sorted({stage(r, layout) for r in ranks})
+        lines.append(f"  domain {domain} instance {inst}: {len(ranks)} ranks {_rank_set(ranks)}, "
                      f"TP groups {_ranges(tps)}, pipeline stages {_ranges(stages)}")
-    if len(seen) > limit:
-        lines.append(f"  ... {len(seen) - limit} more instances, same pattern")
+    if total > limit:
+        lines.append(f"  ... {total - limit} more instances, same pattern")
     return lines
 
 
@@ -109,7 +179,61 @@ def _ranges(values: list[int]) -> str:
     return ",".join(parts)
 
 
-def rank_map_rows(layout: Layout, target: Target) -> list[dict]:
-    """JSON rows: rank, domain, instance, chip, core and the rank's coordinate per dimension."""
-    return [{"rank": p.rank, "domain": p.domain, "instance": p.instance, "chip": p.chip, "core": p.core,
-             **{d: p.coords[d] for d in DIMS}} for p in rank_map(layout, target)]
+def rank_map_rows(layout: Layout, target: Target) -> Iterator[dict]:
+    """JSON rows, one rank at a time: rank, domain, instance, chip, core and the coordinate per dimension."""
+    for rank in range(layout.ranks):
+        p = place_of(layout, target, rank)
+        yield {"rank": p.rank, "domain": p.domain, "instance": p.instance, "chip": p.chip, "core": p.core,
+               **{d: p.coords[d] for d in DIMS}}
+
+
+def rank_map_summary(layout: Layout, target: Target, limit: int = 8) -> dict:
+    """The rank map in a few lines of JSON: the rule, the TP reach and the first instances' ranks."""
+    per_domain = target.instances_per_domain
+    first = []
+    for k in range(min(limit, layout.domains * per_domain)):
+        domain, inst = divmod(k, per_domain)
+        first.append({"domain": domain, "instance": inst,
+                      "ranks": _rank_set(sorted(instance_ranks(layout, target, domain, inst)))})
+    tp = tp_summary(layout, target)
+    return {"rule": "rank order tp, cp, ep, dp, pp (tp fastest); on each axis the dimensions nest in that "
+                    "order; chip number in a domain = x + size_x * (y + size_y * ...) over the domain axes",
+            "ranks": layout.ranks, "ranks_per_chip": layout.ranks_per_chip,
+            "instances": layout.domains * per_domain, "first_instances": first,
+            "tp_groups": {"count": tp.groups, "size": tp.size, "chips_per_group": tp.chips_per_group,
+                          "instances_per_group": tp.instances_per_group, "domains_per_group": tp.domains_per_group},
+            "full_map": "pass --rank-map for one row per rank"}
+
+
+@dataclass(frozen=True)
+class PlannedMap:
+    """Every rank's place as four integer lists indexed by rank (a few bytes per rank, no object per rank)."""
+
+    domain: list[int]
+    instance: list[int]
+    chip: list[int]
+    core: list[int]
+
+
+def planned_map(layout: Layout, target: Target) -> PlannedMap:
+    """``rank_map`` as integer columns, computed with NumPy (the rank map file of a job is this long)."""
+    import numpy as np
+
+    rest = np.arange(layout.ranks, dtype=np.int64)
+    coords = [np.zeros(layout.ranks, dtype=np.int64) for _ in layout.axes]
+    strides = [1] * len(layout.axes)
+    for i, d in enumerate(DIMS):
+        n = layout.placement_degree(d)
+        value, rest = rest % n, rest // n
+        for j in range(len(layout.axes)):
+            f = layout.placement[i][j]
+            coords[j] += (value % f) * strides[j]
+            value = value // f
+            strides[j] *= f
+    chip_in_domain, stride = np.zeros(layout.ranks, dtype=np.int64), 1
+    for axis, c in zip(layout.axes[1:-1], coords[1:-1]):
+        chip_in_domain += c * stride
+        stride *= axis.size
+    per = target.chips_per_instance
+    return PlannedMap(coords[-1].tolist(), (chip_in_domain // per).tolist(), (chip_in_domain % per).tolist(),
+                      coords[0].tolist())

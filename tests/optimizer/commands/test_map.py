@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -26,7 +27,7 @@ def layout_file(tmp_path, target_name, model, domains=1, lnc=2, **rows):
         for f in rows.get(d, {}).values():
             deg[d] *= f
     layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], lnc=lnc, axes=axes, placement=placement)
-    workload = Workload(load_model(model), Training(seq=4096, global_batch=256))
+    workload = Workload(load_model(model), Training(seq=4096, global_batch=math.lcm(256, layout.dp)))
     path = tmp_path / "layout.json"
     path.write_text(json.dumps({"problem": problem_dict(target_name, model, workload, domains),
                                 "layout": layout_dict(layout)}))

@@ -1,0 +1,97 @@
+"""Whether any parallel degrees fit a machine at all: a proof for exit 3 before any search.
+
+A layout needs tp * cp * dp * pp = ranks, with tp dividing the attention heads (and
+dividing or being a multiple of the KV heads), cp dividing the sequence (only from
+search.space.CP_MIN_SEQ on; else 1), pp at most the layers and dp dividing the global
+batch (micro-batch 1 is always allowed; ep is carved out of dp and 1 always works). When
+no such product equals the rank count, no layout exists, whatever the memory: that is
+proven here by enumerating the few candidates (divisors of the heads, of the sequence and
+of the batch), and the message says what would fit instead.
+"""
+
+from __future__ import annotations
+
+from trnopt.optimizer.errors import InfeasibleError
+from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.workload import Workload
+from trnopt.optimizer.search.space import CP_MIN_SEQ
+
+SEARCH_BACK = 256  # domain counts tried below the given one for "what would fit"
+
+
+def _divisors(n: int) -> list[int]:
+    small, large, d = [], [], 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+class Degrees:
+    """The candidate degrees of one workload, and whether they can multiply to a rank count."""
+
+    def __init__(self, workload: Workload):
+        m, t = workload.model, workload.training
+        self.tp = [d for d in _divisors(m.heads) if m.kv_heads % d == 0 or d % m.kv_heads == 0]
+        self.cp = _divisors(t.seq) if t.seq >= CP_MIN_SEQ else [1]
+        self.dp = _divisors(t.global_batch)
+        self.layers = m.layers
+
+    def fit(self, ranks: int) -> bool:
+        for tp in self.tp:
+            if ranks % tp:
+                continue
+            for cp in self.cp:
+                if (ranks // tp) % cp:
+                    continue
+                rest = ranks // (tp * cp)
+                if any(rest % dp == 0 and rest // dp <= self.layers for dp in self.dp):
+                    return True
+        return False
+
+    def largest(self) -> int:
+        return max(self.tp) * max(self.cp) * max(self.dp) * self.layers
+
+
+def tiles(degrees: Degrees, target: Target, lnc_values: tuple[int, ...], domains: int) -> bool:
+    return any(degrees.fit(target.ranks(lnc, domains)) for lnc in lnc_values)
+
+
+def check_degrees(workload: Workload, target: Target, lnc_values: tuple[int, ...], domains: int | None,
+                  most: int = 64) -> int:
+    """Raise InfeasibleError, with the proof and what would tile, when no degrees tile the machine.
+
+    ``domains`` None: the search will try 1..``most`` domains; refused when none tiles, else
+    the largest that tiles is returned. Otherwise ``domains`` is returned when it tiles.
+    """
+    degrees = Degrees(workload)
+    m, t = workload.model, workload.training
+    rule = (f"the ranks must be tp*cp*dp*pp with tp dividing the {m.heads} heads (tp <= {max(degrees.tp)}), "
+            + (f"cp dividing the sequence {t.seq}" if t.seq >= CP_MIN_SEQ else f"cp 1 (sequence under {CP_MIN_SEQ})")
+            + f", dp dividing the global batch {t.global_batch:,} and pp <= {m.layers} layers")
+    if domains is None:
+        largest = next((d for d in range(most, 0, -1) if tiles(degrees, target, lnc_values, d)), None)
+        if largest is not None:
+            return largest
+        raise InfeasibleError(f"no layout of {m.name} exists on 1 to {most} {target.name} domains, whatever the "
+                              f"memory: {rule}, and no such product equals their rank counts (the largest is "
+                              f"{degrees.largest():,}); what would tile: a global batch (--global-batch) or "
+                              "model with more divisors")
+    if tiles(degrees, target, lnc_values, domains):
+        return domains
+    ranks = ", ".join(f"{target.ranks(lnc, domains):,} ranks at LNC={lnc}" for lnc in lnc_values)
+    why = (f"no layout of {m.name} exists on {domains:,} x {target.name} ({ranks}), whatever the memory: "
+           f"{rule}, and no such product equals it (the largest is {degrees.largest():,})")
+    top = min(domains - 1, degrees.largest() // min(target.ranks(lnc, 1) for lnc in lnc_values))
+    smaller = next((d for d in range(top, max(0, top - SEARCH_BACK), -1)
+                    if tiles(degrees, target, lnc_values, d)), None)
+    if smaller is not None:
+        size = f"--ultraservers {smaller}" if target.instances_per_domain > 1 else f"--instances {smaller}"
+        fix = (f"what would tile: {smaller:,} domains ({size}; whether a layout fits its memory is the "
+               "search's to say), or a global batch with more divisors")
+    else:
+        fix = "what would tile: fewer domains, or a global batch (--global-batch) with more divisors"
+    raise InfeasibleError(f"{why}; {fix}")
