@@ -38,6 +38,10 @@ class Axis:
     kind: str
     bandwidth: float
     latency: float
+    achievable: float = 1.0
+    """Share of ``bandwidth`` that collectives reach on this link class, in (0, 1]: 1.0 is the
+    datasheet figure; measured values come from nccom-test runs (``trnopt calibrate``). The cost
+    model multiplies ``bandwidth`` by it."""
 
     @property
     def level(self) -> str:
@@ -122,7 +126,8 @@ class Target:
             raise InputError("--lnc", "lnc", f"LNC={lnc} is not allowed on {self.name} "
                              f"(allowed: {', '.join(map(str, self.chip.lnc_allowed))})")
         cores = Axis("core", self.chip.logical_cores(lnc), "core", self.chip.on_chip_bandwidth, 0.0)
-        out = Axis(self.scale_out.name, domains, "scale_out", self.scale_out.bandwidth, self.scale_out.latency)
+        out = Axis(self.scale_out.name, domains, "scale_out", self.scale_out.bandwidth, self.scale_out.latency,
+                   self.scale_out.achievable)
         return (cores, *self.domain_axes, out)
 
     def ranks(self, lnc: int, domains: int) -> int:
@@ -191,7 +196,7 @@ def parse_target(data: dict, source: str) -> Target:
     for t in tables:
         axes.append(Axis(t.str("name", nonempty=True), t.int("size", maximum=B.MAX_AXIS_SIZE),
                          t.choice("kind", DOMAIN_AXIS_KINDS), _scaled(t, "bandwidth_gbs", GB, B.LINK_GBS),
-                         _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False)))
+                         _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(t)))
     names = [a.name for a in axes]
     if len(set(names)) != len(names) or {"core"} & set(names):
         raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
@@ -211,7 +216,7 @@ def parse_target(data: dict, source: str) -> Target:
         raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
     scale_out = Axis(net_name, 1, "scale_out",
                      _scaled(net, "bandwidth_gbps_per_instance", GB / 8, B.SCALE_OUT_GBPS) / per_instance,
-                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False))
+                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(net))
     rel = root.table("reliability")
     eff = root.table("efficiency")
     target = Target(
@@ -233,8 +238,19 @@ def parse_target(data: dict, source: str) -> Target:
     if target.runtime_reserve_bytes >= chip.hbm_bytes:
         raise root.fail("runtime_reserve_gib", f"{target.runtime_reserve_bytes / GIB:g} GiB leaves nothing of "
                         f"the {chip.hbm_bytes / GIB:g} GiB HBM (chip.hbm_gib)")
+    if root.has("calibration") and not isinstance(data["calibration"], dict):
+        # what `trnopt calibrate` measured and fitted: a record for the reader, not read by the model
+        raise root.fail("calibration", "must be a table")
     root.check_unknown()
     return target
+
+
+def _achievable(table: Table) -> float:
+    """``achievable``: the share of a link's bandwidth collectives reach, in (0, 1]; 1.0 (datasheet) when absent."""
+    value = table.number("achievable", default=1.0)
+    if value > 1:
+        raise table.fail("achievable", f"must be in (0, 1], got {value:g}")
+    return value
 
 
 def _scaled(table: Table, name: str, unit: float, bound: B.Bound, positive: bool = True) -> float:
