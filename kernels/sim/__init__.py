@@ -8,7 +8,10 @@ Public API::
 
 Kernels import ``nki, nl, nisa, ncc`` from ``trnopt.kernels.nki_api`` (the real package when
 installed, these modules otherwise): ``nki`` is ``trnopt.kernels.sim.nki``, ``nl``
-``.language``, ``nisa`` ``.isa``, ``ncc`` ``.collectives``.
+``.language``, ``nisa`` ``.isa``, ``ncc`` ``.collectives``. Unmodified kernels that
+``import nki`` run after ``trnopt.kernels.sim.install()``, or from the command line::
+
+    python -m trnopt.kernels.sim run kernel.py::my_kernel --input 128x512:float32 --ranks 4 --lnc 2
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from .errors import (CollectiveMismatchError, ConstraintError, SimulatorError, S
                      UninitializedReadError)
 from .rates import DEFAULT_LINK, LinkModel
 from .runner import Kernel, SimResult, TensorSpec, run_ranks
+from .shim import install, uninstall
 from .tensor import MemoryRegion, NkiTensor
 from .timeline import Timeline
 
 __all__ = [
-    "run_ranks", "SimResult", "Timeline", "LinkModel", "DEFAULT_LINK", "TensorSpec", "Kernel",
+    "run_ranks", "install", "uninstall", "SimResult", "Timeline", "LinkModel", "DEFAULT_LINK", "TensorSpec", "Kernel",
     "SimulatorError", "ConstraintError", "UninitializedReadError", "CollectiveMismatchError", "SymmetryError",
     "MemoryRegion", "NkiTensor", "nki", "language", "isa", "collectives", "rates",
 ]

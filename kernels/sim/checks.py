@@ -54,14 +54,16 @@ def psum_banks(bytes_per_partition: int) -> int:
 
 
 def free_size(v: NkiTensor) -> int:
-    return int(math.prod(v.shape[1:])) if v.ndim > 1 else 1
+    """Elements per partition of the view."""
+    p = v.partitions
+    return v.size // p if p else 0
 
 
 def on_chip(v: NkiTensor, where: str, role: str) -> None:
     if not v.buffer.on_chip:
         raise ConstraintError(f"{where}: {role} is in {v.buffer.name}; this instruction works on SBUF/PSUM "
                               f"tiles only (move HBM data with nisa.dma_copy)")
-    partition_dim(v.shape[0], where, f"{role} shape {v.shape}")
+    partition_dim(v.partitions, where, f"{role} shape {v.shape}")
 
 
 def in_buffer(v: NkiTensor, buffers: Sequence[MemoryRegion], where: str, role: str) -> None:
@@ -78,7 +80,7 @@ def tensor_arg(v: Any, where: str, role: str) -> NkiTensor:
 
 
 def same_partitions(a: NkiTensor, b: NkiTensor, where: str, ra: str, rb: str) -> None:
-    if a.shape[0] != b.shape[0] or free_size(a) != free_size(b):
+    if a.partitions != b.partitions or free_size(a) != free_size(b):
         raise ConstraintError(f"{where}: shape mismatch: {ra} {a.shape} vs {rb} {b.shape} "
                               f"(partitions and free size must agree)")
 
@@ -125,7 +127,7 @@ def dma(dst: NkiTensor, src: NkiTensor, where: str) -> None:
         raise ConstraintError(f"{where}: DMA cannot write PSUM (dst tensor {dst.alloc.label()})")
     for role, v in (("dst", dst), ("src", src)):
         if v.buffer.on_chip:
-            partition_dim(v.shape[0], where, f"{role} shape {v.shape}")
+            partition_dim(v.partitions, where, f"{role} shape {v.shape}")
     if dst.size != src.size:
         raise ConstraintError(f"{where}: dst has {dst.size} elements {dst.shape} but src has {src.size} "
                               f"{src.shape}; a DMA copies equal element counts")

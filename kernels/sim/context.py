@@ -186,6 +186,20 @@ class CoreContext:
                 raise UninitializedReadError(msg)
         return v.array()
 
+    def read_moved(self, v: NkiTensor, op: str, name: str | None, role: str) -> tuple[np.ndarray, np.ndarray]:
+        """Data and written mask of ``v`` for an instruction that only moves data (a
+        transpose): unwritten elements move along as unwritten, to be refused where they
+        are used; a source with no written element at all is refused here."""
+        mask = np.array(v.written_mask())
+        if not mask.any():
+            self.read(v, op, name, role)
+        return np.array(v.array()), mask
+
+    def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray) -> None:
+        dst = v.array()
+        dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
+        v.written_mask()[...] = np.asarray(mask).reshape(dst.shape)
+
     def write(self, v: NkiTensor, value: np.ndarray) -> None:
         dst = v.array()
         dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)

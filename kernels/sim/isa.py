@@ -92,7 +92,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     dst = checks.tensor_arg(dst, w, "dst")
     stationary, moving = checks.tensor_arg(stationary, w, "stationary"), checks.tensor_arg(moving, w, "moving")
     if is_transpose:
-        raise ConstraintError(f"{w}: is_transpose=True is not simulated (use nisa.nc_transpose)")
+        return _matmul_transpose(ctx, w, dst, stationary, moving, name)
     k, m, n = checks.matmul(dst, stationary, moving, w)
     reads = [stationary, moving]
     if ctx.numerics:
@@ -110,6 +110,26 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         reads = reads + [dst]
     dur = rates.matmul_seconds(m, n, stationary.dtype, perf_mode is matmul_perf_mode.double_row)
     return _done("nc_matmul", name, ctx.issue("nc_matmul", name, "Tensor", dur, reads, [dst]))
+
+
+def _matmul_transpose(ctx, w, dst, stationary, moving, name):
+    """``is_transpose=True``: the PE array transposes the stationary tile bit-accurately
+    (moving is the identity; "nki.isa.nc_matmul", NeuronCore-v3+): dst[M, K] = stationary.T."""
+    checks.in_buffer(stationary, [MemoryRegion.sbuf], w, "matmul stationary")
+    checks.in_buffer(moving, [MemoryRegion.sbuf], w, "matmul moving")
+    checks.in_buffer(dst, [MemoryRegion.psum], w, "matmul result (dst)")
+    k, m = stationary.partitions, checks.free_size(stationary)
+    if dst.partitions != m or checks.free_size(dst) != k:
+        raise ConstraintError(f"{w}: transpose of stationary {stationary.shape} needs dst [{m}, {k}], got {dst.shape}")
+    if ctx.numerics:
+        eye = ctx.read(moving, "nc_matmul", name, "moving").astype(np.float32).reshape(moving.partitions, -1)
+        if eye.shape != (k, k) or not np.array_equal(eye, np.eye(k, dtype=np.float32)):
+            raise ConstraintError(f"{w}: is_transpose=True needs the identity [{k}, {k}] as moving, got "
+                                  f"{moving.shape} that is not the identity")
+        data, mask = ctx.read_moved(stationary, "nc_matmul", name, "stationary")
+        ctx.write_moved(dst, data.reshape(k, m).T, mask.reshape(k, m).T)
+    dur = rates.matmul_seconds(m, k, stationary.dtype)
+    return _done("nc_matmul", name, ctx.issue("nc_matmul", name, "Tensor", dur, [stationary, moving], [dst]))
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
@@ -133,7 +153,8 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         if f > rates.GEMM_STATIONARY_FMAX:
             raise ConstraintError(f"{w}: transpose input free size {f} > {rates.GEMM_STATIONARY_FMAX}")
     if ctx.numerics:
-        ctx.write(dst, ctx.read(data, "nc_transpose", name, "data").reshape(p, f).T)
+        vals, mask = ctx.read_moved(data, "nc_transpose", name, "data")
+        ctx.write_moved(dst, vals.reshape(p, f).T, mask.reshape(p, f).T)
     if on_vector:
         dur, eng = rates.elementwise_seconds(f), "Vector"
     else:
@@ -154,7 +175,8 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     checks.on_chip(dst, w, "dst")
     checks.same_partitions(dst, src, w, "dst", "src")
     if ctx.numerics:
-        ctx.write(dst, _f32(ctx.read(src, "tensor_copy", name, "src")).reshape(dst.shape))
+        vals, mask = ctx.read_moved(src, "tensor_copy", name, "src")
+        ctx.write_moved(dst, _f32(vals), mask)
     dur = rates.elementwise_seconds(checks.free_size(src))
     return _done("tensor_copy", name, ctx.issue("tensor_copy", name, _elementwise_engine(engine, "Vector"),
                                                 dur, [src], [dst]))

@@ -437,9 +437,14 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     if checks.free_size(dst) != t + 1 or dst.shape[0] != src.shape[0]:
         raise ConstraintError(f"{o.w}: dst must have one more element per partition than src: {dst.shape} vs {src.shape}")
     if o.ctx.numerics:
-        x = _flat(o.value(src))
+        # a partition nothing wrote yields an unwritten result row (refused where it is used)
+        rows = _flat(np.asarray(src[0::16].written_mask()))
+        live = [i * 16 for i in range(rows.shape[0]) if rows[i].any()]
+        x = np.zeros((src.shape[0], t), np.float32)
+        for p in live:
+            x[p] = _flat(np.asarray(o.ctx.read(src[p:p + 1], o.op, name, f"src partition {p}")).astype(np.float32))[0]
         view, mask = dst.array().reshape(dst.shape[0], -1), dst.written_mask().reshape(dst.shape[0], -1)
-        for p in range(0, x.shape[0], 16):
+        for p in live:
             nz = np.flatnonzero(x[p] != 0)
             row = np.full(t + 1, int(padding_val), dtype=np.int64)
             row[:nz.size] = nz + int(index_offset)
@@ -478,14 +483,15 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     if len(mask) != 32 or src.dtype != dst.dtype or checks.free_size(src) != checks.free_size(dst):
         raise ConstraintError(f"{o.w}: shuffle_mask must have 32 entries and src/dst the same dtype and free size")
     if o.ctx.numerics:
-        x = _flat(np.asarray(o.ctx.read(src, o.op, name, "src")))
+        vals, defined = o.ctx.read_moved(src, o.op, name, "src")  # moves data: unwritten stays unwritten
+        x, xd = _flat(vals), _flat(defined)
         out = np.array(dst.array()).reshape(dst.shape[0], -1)
         written = np.array(dst.written_mask()).reshape(dst.shape[0], -1)
         for base in range(0, dst.shape[0], 32):
             for i, m in enumerate(mask):
                 if m != 255 and base + i < dst.shape[0] and base + m < x.shape[0]:
                     out[base + i] = x[base + m]
-                    written[base + i] = True
+                    written[base + i] = xd[base + m]
         dst.array()[...] = out.reshape(dst.shape)
         dst.written_mask()[...] = written.reshape(dst.shape)
     return o.issue("Vector", checks.free_size(src))

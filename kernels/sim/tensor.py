@@ -146,6 +146,16 @@ class NkiTensor:
         return self.alloc.name
 
     @property
+    def partitions(self) -> int:
+        """Partitions the view spans: its dim 0 unless that is not the allocation's partition
+        dim (an on-chip view whose partition index was fixed by an integer spans one)."""
+        if not self._shape:
+            return 1
+        if self.alloc.buffer.on_chip and self._dims[0][0] != 0 and any(d == 0 for d, _ in self._fixed):
+            return 1
+        return self._shape[0]
+
+    @property
     def ndim(self) -> int:
         return len(self._shape)
 

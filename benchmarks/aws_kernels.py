@@ -1,0 +1,380 @@
+"""How many of AWS's public NKI 0.6+ kernels run unmodified on trnopt's simulator and match NumPy.
+
+    /work/venv/bin/python benchmarks/aws_kernels.py /work/scratch/aws-kernels
+
+FOLDER holds copies of the kernels, kept outside this repository:
+  FOLDER/sdk/*.py  the 0.6+ files of aws-neuron-sdk nki/examples (``import nki``, not
+                   ``neuronxcc.nki``);
+  FOLDER/lib/src/nkilib_src/nkilib/...  aws-neuron/nki-library (its ``nkilib`` package).
+Each kernel file is imported through ``trnopt.kernels.sim.install()`` (``import nki`` maps
+to the simulator), run on generated inputs and compared with a NumPy reference written
+here (or an expected error, for the examples that show a violation). Every public
+``@nki.jit`` kernel found in the folder is listed; kernels without a case here are counted
+in the total as "no case". Prints a table and the count; says "not run" when the folder is
+missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@dataclass
+class Case:
+    """One kernel: where it is, its inputs (per rank), its NumPy reference."""
+
+    file: str  # relative to FOLDER
+    kernel: str
+    inputs: Callable[[np.random.Generator, int], tuple[tuple, dict]]  # (rng, rank) -> (args, kwargs)
+    reference: Callable[..., Any] | None  # (args, kwargs, rank, all_args) -> expected output(s)
+    ranks: int = 1
+    lnc: int | None = None
+    rtol: float = 1e-5
+    atol: float = 1e-5
+    expect_error: str | None = None  # a regex the simulator's error must match
+    hardware_only: str = ""  # why it cannot run on a CPU simulator (not counted)
+    module: str | None = None  # import as a package module (nki-library)
+    post: Callable[[Any], Any] | None = None  # the kernel's output into the reference's layout
+
+
+def _f32(*shape: int) -> Callable[[np.random.Generator], np.ndarray]:
+    return lambda rng: rng.standard_normal(shape).astype(np.float32)
+
+
+# --- NumPy references ------------------------------------------------------------------------
+def ref_mamba(delta, u, A, B, C):
+    """Selective scan: h_t = exp(delta_t A) h_{t-1} + delta_t u_t B_t; y_t = sum_n C_t h_t."""
+    batch, ch, L = delta.shape
+    out = np.zeros((batch, ch, L), np.float64)
+    for b in range(batch):
+        for n in range(A.shape[1]):
+            dA = np.exp(delta[b] * A[:, n:n + 1])
+            dBu = delta[b] * u[b] * B[b, n][None, :]
+            h = np.zeros(ch)
+            for t in range(L):
+                h = dA[:, t] * h + dBu[:, t]
+                out[b, :, t] += C[b, n, t] * h
+    return out.astype(np.float32)
+
+
+def ref_avgpool(x, pool):
+    c, h, w = x.shape
+    return x.astype(np.float32).reshape(c, h // pool, pool, w // pool, pool).mean(axis=(2, 4)).astype(x.dtype)
+
+
+def ref_maxpool(x, pool):
+    c, h, w = x.shape
+    return x.reshape(c, h // pool, pool, w // pool, pool).max(axis=(2, 4))
+
+
+def _matmul_case(kernel: str, k: int, m: int, n: int) -> Case:
+    def inputs(rng, rank):
+        return (rng.standard_normal((k, m)).astype(BF16), rng.standard_normal((k, n)).astype(BF16)), {}
+    return Case("sdk/matrix_multiplication_nki_kernels.py", kernel, inputs,
+                lambda a, kw, r, al: (a[0].astype(np.float32).T @ a[1].astype(np.float32)).astype(BF16),
+                rtol=2e-2, atol=2e-1)
+
+
+def _mamba_case(kernel: str) -> Case:
+    def inputs(rng, rank):
+        b, ch, L, n = 1, 256, 512, 16
+        return (rng.uniform(0.1, 1, (b, ch, L)).astype(np.float32), rng.standard_normal((b, ch, L)).astype(np.float32),
+                -rng.uniform(0.5, 1, (ch, n)).astype(np.float32), rng.standard_normal((b, n, L)).astype(np.float32),
+                rng.standard_normal((b, n, L)).astype(np.float32)), {}
+    return Case("sdk/mamba_nki_kernels.py", kernel, inputs, lambda a, kw, r, al: ref_mamba(*a), rtol=1e-3, atol=1e-3)
+
+
+SDK_CASES = [
+    Case("sdk/nki_simulate_example.py", "add_kernel",
+         lambda rng, r: ((_f32(128, 512)(rng), _f32(128, 512)(rng)), {}), lambda a, kw, r, al: a[0] + a[1]),
+    Case("sdk/getting_started_baremetal.py", "nki_tensor_add_kernel",
+         lambda rng, r: ((np.ones((4, 3), np.float16), np.ones((4, 3), np.float16)), {}),
+         lambda a, kw, r, al: a[0] + a[1]),
+    Case("sdk/tensor_addition_nki_kernels.py", "nki_tensor_add",
+         lambda rng, r: ((_f32(256, 1024)(rng), _f32(256, 1024)(rng)), {}), lambda a, kw, r, al: a[0] + a[1]),
+    Case("sdk/average_pool2d_nki_kernels.py", "tensor_avgpool_kernel",
+         lambda rng, r: ((np.arange(2 * 6 * 6, dtype=np.float16).reshape(2, 6, 6), 2), {}),
+         lambda a, kw, r, al: ref_avgpool(*a), rtol=1e-3, atol=1e-2),
+    Case("sdk/index-case-1.py", "tensor_split_kernel_",
+         lambda rng, r: ((np.arange(4 * 5).reshape(4, 5).astype(BF16),), {}),
+         lambda a, kw, r, al: (a[0][:, 0::2], a[0][:, 1::2])),
+    Case("sdk/index-case-3.py", "tensor_maxpool_kernel_",
+         lambda rng, r: ((np.arange(2 * 6 * 6).reshape(2, 6, 6).astype(BF16), 2), {}),
+         lambda a, kw, r, al: ref_maxpool(*a)),
+    Case("sdk/layout-pass.py", "tensor_exp_kernel_",
+         lambda rng, r: ((rng.standard_normal((128, 512)).astype(BF16),), {}),
+         lambda a, kw, r, al: np.exp(a[0].astype(np.float32)).astype(BF16), rtol=1e-2, atol=1e-2),
+    Case("sdk/layout-violation.py", "tensor_exp_kernel_",
+         lambda rng, r: ((np.ones((256, 512), BF16),), {}), None,
+         expect_error=r"partition dimension 256 > 128"),
+    Case("sdk/transpose2d_nki_kernels.py", "tensor_transpose2D_kernel_",
+         lambda rng, r: ((np.arange(5 * 12, dtype=np.int8).reshape(5, 12), (3, 4)), {}),
+         lambda a, kw, r, al: np.transpose(a[0].reshape(5, 3, 4), (0, 2, 1)).reshape(5, 12)),
+    _matmul_case("nki_matmul_basic_", 128, 64, 512),
+    _matmul_case("nki_matmul_tiled_", 256, 256, 1024),
+    _matmul_case("nki_matmul_hoist_load_", 256, 256, 1024),
+    _matmul_case("nki_matmul_block_free_dimension_", 256, 256, 2048),
+    _matmul_case("nki_matmul_fully_optimized_", 4096, 2048, 2048),
+    _mamba_case("mamba_v1"),
+    _mamba_case("mamba_v2"),
+    _mamba_case("mamba_v3"),
+]
+
+# Files that are documentation fragments, not runnable kernels (the SDK shows them as
+# snippets): a syntax error on purpose, or a torch_neuronx import.
+SDK_NOT_KERNELS = {"layout-dynamic-loop.py": "documentation fragment (does not parse)",
+                   "layout-loop.py": "imports torch_neuronx (PyTorch integration, not a kernel file)"}
+
+LIB = "lib/src/nkilib_src"
+
+
+def _lib(path: str, kernel: str, inputs: Any, reference: Any, **kw: Any) -> Case:
+    """A case of nki-library: ``path`` below nkilib/, imported as its package module."""
+    module = "nkilib." + path[:-3].replace("/", ".")
+    return Case(f"{LIB}/nkilib/{path}", kernel, inputs, reference, module=module, **kw)
+
+
+def ref_conv1d(x, f, stride=1, dilation=1):
+    k, cin, cout = f.shape
+    L = x.shape[2]
+    lout = (L - dilation * (k - 1) - 1) // stride + 1
+    out = np.zeros((x.shape[0], cout, lout), np.float64)
+    for j in range(k):
+        xs = x[:, :, j * dilation: j * dilation + stride * (lout - 1) + 1: stride].astype(np.float64)
+        out += np.einsum("bcl,co->bol", xs, f[j].astype(np.float64))
+    return out
+
+
+def ref_depthwise(img, filt):
+    n, c, _, w = img.shape
+    s = filt.shape[3]
+    q = w - s + 1
+    out = np.zeros((n, c, 1, q), np.float64)
+    for j in range(s):
+        out[:, :, 0, :] += img[:, :, 0, j:j + q].astype(np.float64) * filt[None, :, 0, 0, j:j + 1].astype(np.float64)
+    return out
+
+
+def ref_rope(x, cos, sin):
+    d = x.shape[0] // 2
+    x1, x2 = x[:d].astype(np.float64), x[d:].astype(np.float64)
+    c, s_ = cos.astype(np.float64)[:, :, None, :], sin.astype(np.float64)[:, :, None, :]
+    return np.concatenate([x1 * c - x2 * s_, x2 * c + x1 * s_])
+
+
+def ref_nonzero_with_count(x):
+    nz = np.flatnonzero(x[0])
+    out = np.full((1, x.shape[1] + 1), -1, np.int32)
+    out[0, :nz.size] = nz
+    out[0, -1] = nz.size
+    return out
+
+
+def ref_find_nonzero(x):
+    t, c = x.shape
+    idx = np.full((c, t), -1, np.int32)
+    counts = np.zeros(c, np.int32)
+    for j in range(c):
+        nz = np.flatnonzero(x[:, j])
+        idx[j, :nz.size] = nz
+        counts[j] = nz.size
+    return idx, counts
+
+
+def ref_cross_entropy(logits, targets):
+    z = logits.astype(np.float64)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    return lse - z[np.arange(z.shape[0]), targets]
+
+
+def _sparse_rows(rng: np.random.Generator, v: int, n: int, density: float = 0.3) -> np.ndarray:
+    return (rng.random((n, v)) < density).astype(np.float32) * rng.integers(1, 5, (n, v)).astype(np.float32)
+
+
+def _gathered(al: list, key: int = 0, axis: int = 0) -> np.ndarray:
+    return np.concatenate([a[key] for a in al], axis=axis)
+
+
+LIB_CASES: list[Case] = [
+    _lib("core/cumsum/cumsum.py", "cumsum", lambda rng, r: ((_f32(64, 1000)(rng),), {}),
+         lambda a, kw, r, al: np.cumsum(a[0].astype(np.float64), axis=-1), rtol=1e-3, atol=1e-3),
+    _lib("core/max/cascaded_max.py", "cascaded_max", lambda rng, r: ((_f32(1, 1, 8192)(rng),), {}),
+         lambda a, kw, r, al: (a[0].max(-1, keepdims=True), a[0].argmax(-1)[..., None])),
+    _lib("core/embeddings/rope.py", "RoPE",
+         lambda rng, r: ((_f32(64, 1, 2, 128)(rng), _f32(32, 1, 128)(rng), _f32(32, 1, 128)(rng)), {}),
+         lambda a, kw, r, al: ref_rope(*a), rtol=1e-4, atol=1e-4),
+    _lib("experimental/dynamic_shapes/dynamic_elementwise_add.py", "dynamic_elementwise_add",
+         lambda rng, r: ((rng.standard_normal((256, 512)).astype(BF16), rng.standard_normal((256, 512)).astype(BF16),
+                          np.array([[2]], np.int32)), {}),
+         lambda a, kw, r, al: (a[0].astype(np.float32) + a[1].astype(np.float32)).astype(BF16), rtol=1e-2, atol=1e-2),
+    _lib("experimental/conv/conv1d.py", "conv1d", lambda rng, r: ((_f32(1, 64, 128)(rng), _f32(3, 64, 32)(rng)), {}),
+         lambda a, kw, r, al: ref_conv1d(*a), rtol=1e-3, atol=1e-3),
+    _lib("experimental/conv/depthwise_conv1d.py", "depthwise_conv1d_implicit_gemm",
+         lambda rng, r: ((_f32(1, 128, 1, 256)(rng), _f32(128, 1, 1, 3)(rng)), {"feature_group_count": 128}),
+         lambda a, kw, r, al: ref_depthwise(*a), rtol=1e-3, atol=1e-3),
+    _lib("experimental/benchmark/find_nonzero_indices_with_count.py", "find_nonzero_indices_with_count",
+         lambda rng, r: ((_sparse_rows(rng, 512, 1),), {}), lambda a, kw, r, al: ref_nonzero_with_count(a[0])),
+    _lib("core/subkernels/find_nonzero_indices.py", "find_nonzero_indices",
+         lambda rng, r: ((_sparse_rows(rng, 16, 256),), {}), lambda a, kw, r, al: ref_find_nonzero(a[0])),
+    _lib("experimental/loss/cross_entropy.py", "cross_entropy_forward",
+         lambda rng, r: ((rng.standard_normal((64, 4096)).astype(np.float32), rng.integers(0, 4096, 64).astype(np.int32)),
+                         {"positions_per_batch": 32, "chunk_size": 4096, "dtype": np.dtype(np.float32)}),
+         lambda a, kw, r, al: ref_cross_entropy(*a), rtol=1e-3, atol=1e-3, lnc=2, post=lambda o: o[0]),
+    _lib("experimental/collectives/fg_allgather.py", "fine_grained_allgather",
+         lambda rng, r: ((rng.standard_normal((256, 256)).astype(BF16), 4, 1), {}),
+         lambda a, kw, r, al: _gathered(al), ranks=4, lnc=2, post=lambda o: o.reshape(-1, o.shape[-1])),
+    _lib("experimental/collectives/sb2sb_allgather.py", "allgather_sb2sb_tiled",
+         lambda rng, r: ((rng.standard_normal((128, 128)).astype(BF16), _rg(4), 4), {}),
+         lambda a, kw, r, al: _gathered(al, axis=1), ranks=4),
+    _lib("experimental/collectives/sb2sb_allgather.py", "allgather_sb2sb",
+         lambda rng, r: ((rng.standard_normal((128, 128)).astype(BF16), _rg(4), 4), {}),
+         lambda a, kw, r, al: _gathered(al, axis=1), ranks=4),
+]
+
+
+def _rg(n: int) -> Any:
+    import nki.collectives as ncc  # the simulator's, after install()
+    return ncc.ReplicaGroup([list(range(n))])
+
+
+# --- running ---------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    case: Case
+    status: str  # "match", "mismatch", "error", "no case", "hardware only", "not a kernel"
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def _import(folder: Path, case: Case) -> Any:
+    path = folder / case.file
+    if case.module:
+        root = str(folder / LIB)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        return importlib.import_module(case.module)
+    spec = importlib.util.spec_from_file_location(f"aws_{path.stem.replace('-', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _compare(got: Any, want: Any, case: Case) -> str:
+    if isinstance(want, tuple):
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            return f"expected {len(want)} outputs, got {type(got).__name__}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            msg = _compare(g, w, case)
+            if msg:
+                return f"output {i}: {msg}"
+        return ""
+    g, w = np.asarray(got), np.asarray(want)
+    if g.shape != w.shape:
+        return f"shape {g.shape} != {w.shape}"
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    # tolerance against the tensor's scale (as tests/kernels/conftest.py): sums of many
+    # rounded products are judged by their magnitude, not element by element
+    scale = float(np.nanmax(np.abs(w64))) if w64.size else 0.0
+    err = np.abs(g64 - w64)
+    if np.isnan(g64).any() or np.any(err > case.atol + case.rtol * (np.abs(w64) + scale)):
+        return f"max |err| {np.nanmax(err):.3g} (rtol {case.rtol}, atol {case.atol}, scale {scale:.3g}); " \
+               f"{int(np.isnan(g64).sum())} NaN"
+    return ""
+
+
+def run_case(folder: Path, case: Case) -> Outcome:
+    from trnopt.kernels.sim import run_ranks
+
+    if case.hardware_only:
+        return Outcome(case, "hardware only", case.hardware_only)
+    t0 = time.perf_counter()
+    try:
+        mod = _import(folder, case)
+        kernel = getattr(mod, case.kernel)
+        per_rank = [case.inputs(np.random.default_rng(1000 + r), r) for r in range(case.ranks)]
+        kwargs = per_rank[0][1]
+        res = run_ranks(kernel, [a for a, _ in per_rank], lnc=case.lnc, kwargs=kwargs, timeout_s=120)
+    except Exception as exc:  # noqa: BLE001 - reported per kernel
+        msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if case.expect_error and re.search(case.expect_error, str(exc)):
+            return Outcome(case, "match", f"raises as expected: {msg[:90]}", time.perf_counter() - t0)
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb)
+                      if "trnopt" not in f.filename and "benchmarks" not in f.filename), "")
+        return Outcome(case, "error", f"{msg[:160]} [{where}]", time.perf_counter() - t0)
+    if case.expect_error:
+        return Outcome(case, "mismatch", f"expected an error matching {case.expect_error!r}", time.perf_counter() - t0)
+    for r in range(case.ranks):
+        want = case.reference(per_rank[r][0], kwargs, r, [a for a, _ in per_rank])
+        got = case.post(res.outputs[r]) if case.post else res.outputs[r]
+        msg = _compare(got, want, case)
+        if msg:
+            return Outcome(case, "mismatch", f"rank {r}: {msg}", time.perf_counter() - t0)
+    return Outcome(case, "match", "", time.perf_counter() - t0)
+
+
+def public_kernels(folder: Path) -> list[tuple[str, str]]:
+    """(file, kernel) of every public @nki.jit function of the 0.6+ files in the folder."""
+    found = []
+    files = sorted((folder / "sdk").glob("*.py")) + sorted((folder / LIB).rglob("*.py"))
+    for path in files:
+        text = path.read_text(errors="replace")
+        if "neuronxcc" in text and "import nki" not in text:
+            continue  # pre-0.6 API
+        for m in re.finditer(r"^@nki\.jit[^\n]*\n(?:@[^\n]*\n)*def ([A-Za-z_]\w*)", text, re.M):
+            if not m.group(1).startswith("_"):
+                found.append((str(path.relative_to(folder)), m.group(1)))
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.split("\n\n")[1])
+        return 2
+    folder = Path(argv[0])
+    if not folder.is_dir():
+        print(f"not run: kernel folder {folder} not found (copy aws-neuron-sdk nki/examples and "
+              f"aws-neuron/nki-library there, see the module docstring)")
+        return 0
+    from trnopt.kernels.sim import install
+    install()
+    cases = {(c.file, c.kernel): c for c in SDK_CASES + LIB_CASES}
+    outcomes: list[Outcome] = []
+    for file, kernel in public_kernels(folder):
+        case = cases.pop((file, kernel), None)
+        if Path(file).name in SDK_NOT_KERNELS:
+            outcomes.append(Outcome(Case(file, kernel, None, None), "not a kernel", SDK_NOT_KERNELS[Path(file).name]))
+        elif case is None:
+            outcomes.append(Outcome(Case(file, kernel, None, None), "no case", "no inputs / reference written"))
+        else:
+            outcomes.append(run_case(folder, case))
+    for case in cases.values():
+        outcomes.append(Outcome(case, "error", "kernel not found in the folder"))
+    width = max(len(f"{o.case.file}::{o.case.kernel}") for o in outcomes)
+    print(f"{'kernel':<{width}}  {'result':<13} {'s':>6}  detail")
+    for o in outcomes:
+        print(f"{o.case.file + '::' + o.case.kernel:<{width}}  {o.status:<13} {o.seconds:6.2f}  {o.detail}")
+    counted = [o for o in outcomes if o.status not in ("hardware only", "not a kernel")]
+    ok = sum(o.status == "match" for o in counted)
+    excluded = len(outcomes) - len(counted)
+    print(f"\n{ok} of {len(counted)} kernels run unmodified and match NumPy "
+          f"({excluded} excluded: hardware-only features or not kernels; "
+          f"{sum(o.status == 'no case' for o in counted)} without a case here)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
