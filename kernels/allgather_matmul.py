@@ -4,34 +4,30 @@ Y = all_gather(X shards along M) @ W_shard, computed as a ring: each rank multip
 shard in hand while the next shard moves to it over the ring (double buffering), so the
 all-gather hides behind the matmul. One channel runs the ring one way; two channels split
 every shard's rows in halves and run the ring both ways at once (both directions of a
-torus ring), halving the bytes per link per step.
+torus ring), halving the bytes per link per step. The two halves in hand at a step fill
+one stationary tile together (`tiling.pack_rows`), so small shards at large TP degree
+still run the matmul at its full rate.
 
-On hardware, collective_permute_implicit_current_processing_rank_id returns a scalar register,
-and the row offset of the chunk in hand would be formed with register arithmetic and a dynamic
-access pattern (tensor.ap(scalar_offset=...)); the simulator returns the rank as an int and these
-kernels index the rank-list with it in Python. Not yet run on a device.
-
-Kernels here:
+Kernels here (references in `trnopt.kernels.references`):
 - `allgather_matmul`: the fused ring kernel.
 - `allgather_ring`: the same ring without the matmul (the collective alone; a ring
   all-gather along M of the K-major shards).
-- `allgather_matmul_reference`, `allgather_reference`: NumPy references.
-- `allgather_matmul_timings`: T_mm / T_cc / T_f and the overlap ratios in the simulator.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
-import numpy as np
-
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
-from trnopt.kernels.tiling import (PMAX, MatmulPipeline, RowBlock, choose_tiling, matmul_operands, ring_setup,
-                                   split_rows, unit_pieces)
+from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
+from trnopt.kernels.ring import channel_halves, position_after, ring_setup
+from trnopt.kernels.tiling import (PMAX, SBUF_SHARE, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
+                                   matmul_operands, unit_pieces)
+
+
+SLAB_BYTES = 512 * 1024  # default ring slab per channel: ~1.4 us of the 368 GB/s DMA bandwidth
 
 
 @nki.jit
-def allgather_matmul(x_t, w, groups, channels=1, pieces=4):
+def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TRN2):
     """Y = all_gather(X shards along M) @ W_shard, the all-gather hidden in a ring.
 
     Dimensions:
@@ -48,57 +44,101 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=4):
             ncc.all_gather concatenates.
         channels: 1 (ring one way) or 2 (each shard's rows split in halves, the first half
             going forward around the ring on channel 0 and the second backward on channel 1).
-        pieces: each ring step moves its chunk in up to this many K-row slabs (aligned to
-            the matmul's K blocks), so the next step's matmul can start on the first slab
-            while the rest still moves, and the ring starts after the first slab's copy.
+        pieces: each ring step moves its chunk in up to this many K-row slabs (of whole
+            128-row tiles), so the next step's matmul can start on the first slab while
+            the rest still moves; every slab pays the hop latency, and a large slab takes
+            the DMA bandwidth from the matmul's loads for long. None: slabs of about
+            `SLAB_BYTES` per channel.
+        sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
 
     Returns:
         Y: [M, N_shard] in w's dtype, shared HBM.
 
     Decomposition: step s = 0..tp-1 multiplies the shard (or half-shards) received s hops
-    away, rows placed by collective_permute_implicit_current_processing_rank_id, while
-    collective_permute_implicit moves it on to the successor slab by slab; two HBM ring
-    buffers per channel (double buffering: step s reads buffer s % 2, receives into the
-    other). Step 0 reads x_t directly; the ring starts from a copy of it (collectives never
-    touch kernel inputs) made slab by slab during step 0.
+    away, whose rows start at position_after(pos, s) * M_shard (ring-position arithmetic,
+    `trnopt.kernels.ring`), while collective_permute_implicit moves it on to the successor
+    slab by slab; two HBM ring buffers per channel (double buffering: step s reads buffer
+    s % 2, receives into the other). Step 0 reads x_t directly; the ring starts from a copy
+    of it (collectives never touch kernel inputs) made slab by slab during step 0.
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2) and
     M_shard >= channels; pieces >= 1; rank-lists of equal size; one program per rank (LNC 1).
     """
     k, ms, n = matmul_operands(x_t, w)
-    rg, ring, tp = ring_setup(groups, channels, "allgather_matmul")
-    assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
+    rg, tp, pos = ring_setup(groups, channels, "allgather_matmul")
+    halves = channel_halves(ms, channels, "allgather_matmul")
+    assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     y = nl.ndarray((tp * ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
+    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
+    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="ag")
+    # On-chip ring buffers: three when they fit (a transfer then waits only for the matmul
+    # two steps back), else two, else the ring goes through HBM.
+    shard = len(pipe.k_tiles) * ms * x_t.dtype.itemsize
+    room = sbuf_bytes * SBUF_SHARE - tiling.sbuf_bytes(k, n, x_t.dtype.itemsize, w.dtype.itemsize)
+    n_bufs = max((b for b in (3, 2) if b * shard <= room), default=0) if tp > 1 and k % PMAX == 0 else 0
+    if n_bufs:
+        _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs)
+    else:
+        slab = halves[0][1] * x_t.dtype.itemsize * PMAX  # bytes of one 128-row tile of a half-shard
+        parts = pieces if pieces is not None else -(-len(pipe.k_tiles) * slab // SLAB_BYTES)
+        _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, unit_pieces(k, PMAX, parts))
+    return y
 
-    assert pieces >= 1, f"pieces must be >= 1, got {pieces}"
-    halves = split_rows(ms, channels)
-    chans = list(range(channels))
-    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize)
-    slabs = unit_pieces(k, tiling.k_block * PMAX, pieces)
+
+def _blocks(y, tp, pos, s, halves, ms, n, chunk):
+    return [RowBlock(chunk(c, off, h), y[row:row + h, 0:n]) for c, (off, h) in enumerate(halves)
+            for row in [position_after(pos, s, tp, c) * ms + off]]
+
+
+def _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs):
+    """The ring on chip: shards move SBUF to SBUF in the matmul's K layout and the matmul
+    reads them in place (no reload from HBM), both channel halves side by side in one
+    [128, K tiles, M_shard] tile. Step s's transfer is issued before step s's matmul: it
+    only waits for the successor to finish reading its buffer."""
+    k, ms = x_t.shape
+    n = w.shape[1]
+    chans = list(range(len(halves)))
+    kt = len(pipe.k_tiles)
+    bufs = [nl.ndarray((PMAX, kt, ms), dtype=x_t.dtype, buffer=nl.sbuf, name=f"ring_sb{i}") for i in range(n_bufs)]
+    for dst, src in pipe.k_major_copies(bufs[0], x_t):
+        nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")
+    for s in range(tp):
+        if s < tp - 1:
+            ncc.collective_permute_implicit(
+                srcs_by_channel=[[bufs[s % n_bufs][0:PMAX, 0:kt, off:off + h]] for off, h in halves],
+                dsts_by_channel=[[bufs[(s + 1) % n_bufs][0:PMAX, 0:kt, off:off + h]] for off, h in halves],
+                replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
+        pipe(_blocks(y, tp, pos, s, halves, ms, n, lambda c, off, h: None), w, x_sbuf=bufs[s % n_bufs],
+             flush=s == tp - 1)
+
+
+def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs):
+    """The ring through HBM buffers (shards too large for SBUF), slab by slab: the slabs of
+    step s's chunk go on to the successor during step s's matmul, interleaved with its
+    loads (side actions spread over the whole step), so each slab's share of the DMA
+    bandwidth is small and arrives in K order for the next step. Step 0 copies its slab of x_t into the ring buffer
+    first (collectives never touch kernel inputs)."""
+    k, ms = x_t.shape
+    n = w.shape[1]
+    chans = list(range(len(halves)))
     bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
             for c, (_, h) in enumerate(halves)]
-    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="ag")
-    # The ring starts from a copy of x_t (collectives never touch kernel inputs), spread
-    # over the first half of step 0's matmul in K-tile slabs.
-    n_seed = max(1, pipe.iterations([h for _, h in halves]) // 2)
-    seed = [(bufs[c][0][k0:k0 + kl, 0:h], x_t[k0:k0 + kl, off:off + h])
-            for k0, kl in unit_pieces(k, PMAX, n_seed) for c, (off, h) in enumerate(halves)] if tp > 1 else []
+
+    def send(s, k0, kl):
+        if s == 0:
+            for c, (off, h) in enumerate(halves):
+                nisa.dma_copy(dst=bufs[c][0][k0:k0 + kl, 0:h], src=x_t[k0:k0 + kl, off:off + h], name="ag_seed")
+        ncc.collective_permute_implicit(
+            srcs_by_channel=[[bufs[c][s % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+            dsts_by_channel=[[bufs[c][(s + 1) % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+            replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
+
     for s in range(tp):
-        blocks = []
-        for c, (off, h) in enumerate(halves):
-            src = ncc.collective_permute_implicit_current_processing_rank_id(
-                iteration_id=s, replica_group=rg, channel_id=c)
-            row = ring.index(src) * ms + off
-            chunk = x_t[0:k, off:off + h] if s == 0 else bufs[c][s % 2]
-            blocks.append(RowBlock(chunk, y[row:row + h, 0:n]))
-        pipe(blocks, w, side=seed if s == 0 else (), flush=s == tp - 1)
-        if s < tp - 1:
-            for k0, kl in slabs:
-                ncc.collective_permute_implicit(
-                    srcs_by_channel=[[bufs[c][s % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
-                    dsts_by_channel=[[bufs[c][(s + 1) % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
-                    replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
-    return y
+        chunk = (lambda c, off, h: x_t[0:k, off:off + h]) if s == 0 else (lambda c, off, h, s=s: bufs[c][s % 2])
+        sends = [lambda s=s, k0=k0, kl=kl: send(s, k0, kl) for k0, kl in slabs] if s < tp - 1 else []
+        half = (len(sends) + 1) // 2  # spread over the whole step: slab j is needed at block j of the next
+        pipe(_blocks(y, tp, pos, s, halves, ms, n, chunk), w, side=sends[:half], late=sends[half:],
+             flush=s == tp - 1)
 
 
 @nki.jit
@@ -112,15 +152,15 @@ def allgather_ring(x_t, groups, channels=1):
     Returns:
         G: [K, tp * M_shard], shard of list position i in columns i*M_shard.., shared HBM.
 
-    Decomposition: the ring schedule of `allgather_matmul` with the matmul replaced by a
-    DMA of the chunk in hand into G. Preconditions as in `allgather_matmul`.
+    Decomposition: the ring schedule of `allgather_matmul` (whole chunks: the fewest hop
+    latencies) with the matmul replaced by a DMA of the chunk in hand into G.
+    Preconditions as in `allgather_matmul`.
     """
     assert len(x_t.shape) == 2, f"x_t must be 2-D, got {tuple(x_t.shape)}"
     k, ms = x_t.shape
-    rg, ring, tp = ring_setup(groups, channels, "allgather_ring")
-    assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
+    rg, tp, pos = ring_setup(groups, channels, "allgather_ring")
+    halves = channel_halves(ms, channels, "allgather_ring")
     g_out = nl.ndarray((k, tp * ms), dtype=x_t.dtype, buffer=nl.shared_hbm, name="gathered")
-    halves = split_rows(ms, channels)
     chans = list(range(channels))
     bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
             for c, (_, h) in enumerate(halves)]
@@ -134,68 +174,10 @@ def allgather_ring(x_t, groups, channels=1):
                 dsts_by_channel=[[bufs[c][(s + 1) % 2]] for c in chans],
                 replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
         for c, (off, h) in enumerate(halves):
-            src = ncc.collective_permute_implicit_current_processing_rank_id(
-                iteration_id=s, replica_group=rg, channel_id=c)
-            col = ring.index(src) * ms + off
+            col = position_after(pos, s, tp, c) * ms + off
             chunk = x_t[0:k, off:off + h] if s == 0 else bufs[c][s % 2]
             nisa.dma_copy(dst=g_out[0:k, col:col + h], src=chunk, name="ag_place")
     return g_out
 
 
-def allgather_matmul_reference(x_t_shards: Sequence[np.ndarray], w_shard: np.ndarray, *,
-                               out_dtype: Any = None) -> np.ndarray:
-    """NumPy reference of `allgather_matmul` for one rank.
-
-    Args:
-        x_t_shards: the rank-list's shards in list order, each [K, M_shard].
-        w_shard: this rank's [K, N_shard].
-        out_dtype: result dtype (default w_shard's).
-
-    Returns:
-        [tp * M_shard, N_shard]: products summed exactly (float64), rounded once.
-    """
-    x = np.concatenate([np.asarray(s, dtype=np.float64) for s in x_t_shards], axis=1)
-    y = x.T @ np.asarray(w_shard, dtype=np.float64)
-    return y.astype(out_dtype or np.asarray(w_shard).dtype)
-
-
-def allgather_reference(x_t_shards: Sequence[np.ndarray]) -> np.ndarray:
-    """NumPy reference of `allgather_ring`: the shards concatenated along M (columns)."""
-    return np.concatenate([np.asarray(s) for s in x_t_shards], axis=1)
-
-
-def allgather_matmul_timings(m: int, k: int, n: int, tp: int, dtype: Any, link: Any, channels: int = 1, *,
-                             numerics: bool = False, timeout_s: float = 600.0) -> dict:
-    """T_mm, T_cc, T_f, hidden fraction and speedup of `allgather_matmul` in the simulator.
-
-    Args:
-        m: rows of the gathered X (all ranks), divisible by tp; k: contraction size;
-        n: columns of this rank's W shard; tp: ranks in the ring (one rank-list 0..tp-1);
-        dtype: input/output dtype; link: LinkModel or {channel: LinkModel};
-        channels: 1 or 2; numerics: simulate data too (False: schedule only).
-
-    The three variants: T_mm the undecomposed matmul of the gathered [m, k] x [k, n] on one
-    rank (`trnopt.kernels.tiling.matmul`), T_cc `allgather_ring` (whole chunks: the fewest
-    hop latencies), T_f `allgather_matmul` (default pieces).
-    """
-    from trnopt.kernels.overlap import Variant, measure_overlap, operand
-    from trnopt.kernels.tiling import matmul
-
-    assert m % tp == 0, f"m={m} must be divisible by tp={tp}"
-    ms = m // tp
-    groups = (tuple(range(tp)),)
-    kw = {"groups": groups, "channels": channels}
-    x = lambda r: operand((k, ms), dtype, numerics, seed=r)  # noqa: E731
-    wt = lambda r: operand((k, n), dtype, numerics, seed=1000 + r)  # noqa: E731
-    res = measure_overlap(
-        mm=Variant(matmul, [(operand((k, m), dtype, numerics, seed=0), wt(0))]),
-        cc=Variant(allgather_ring, [(x(r),) for r in range(tp)], kw),
-        fused=Variant(allgather_matmul, [(x(r), wt(r)) for r in range(tp)], kw),
-        link=link, numerics=numerics, timeout_s=timeout_s)
-    return res.as_dict()
-
-
-__all__ = [
-    "allgather_matmul", "allgather_ring", "allgather_matmul_reference", "allgather_reference",
-    "allgather_matmul_timings",
-]
+__all__ = ["allgather_matmul", "allgather_ring"]

@@ -6,35 +6,30 @@ its own with collective_permute_implicit_reduce, and each step's matmul (the par
 the next chunk) overlaps the previous step's transfer. Two channels split every chunk's
 rows in halves running the ring both ways.
 
-On hardware, collective_permute_implicit_current_processing_rank_id returns a scalar register,
-and the row offset of the chunk in hand would be formed with register arithmetic and a dynamic
-access pattern (tensor.ap(scalar_offset=...)); the simulator returns the rank as an int and these
-kernels index the rank-list with it in Python. Not yet run on a device.
+Rank-dependent row offsets are ring-position arithmetic (`trnopt.kernels.ring`), valid
+for the scalar register the rank id is on hardware.
 
-Kernels here:
+Kernels here (references in `trnopt.kernels.references`):
 - `matmul_reduce_scatter`: the fused ring kernel.
 - `reduce_scatter_ring`: the same ring on precomputed partials (the collective alone).
-- `matmul_reduce_scatter_reference`, `reduce_scatter_reference`: NumPy references.
-- `matmul_reduce_scatter_timings`: T_mm / T_cc / T_f and the overlap ratios.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
-from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, MatmulPipeline, RowBlock, choose_tiling, matmul_operands,
-                                   ring_setup, split_rows, tile_spans, unit_pieces)
+from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
+from trnopt.kernels.ring import channel_halves, position_after, ring_setup
+from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
+                                   matmul_operands, tile_spans, unit_pieces)
 
 
 def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: str):
-    rg, ring, tp = ring_setup(groups, channels, what)
-    assert m % tp == 0, f"M={m} rows must split evenly over the {tp} ranks of the ring"
-    ms = m // tp
-    assert ms >= channels, f"M_shard={ms} rows cannot be split over {channels} channels"
-    return rg, ring, tp, ms
+    rg, tp, pos = ring_setup(groups, channels, what)
+    assert m % tp == 0, f"{what}: M={m} rows must split evenly over the {tp} ranks of the ring"
+    halves = channel_halves(m // tp, channels, what)
+    return rg, tp, pos, m // tp, halves
 
 
 def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_: int) -> None:
@@ -54,7 +49,7 @@ def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_
 
 
 @nki.jit
-def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4):
+def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4, sbuf_bytes=SBUF_TRN2):
     """Z_shard = reduce_scatter(X @ W_shard) along M, the reduce-scatter hidden in a ring.
 
     Dimensions:
@@ -73,14 +68,15 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4):
         pieces: each step's partial travels in up to this many column slabs (aligned to the
             matmul's column groups, which run left to right), each sent as soon as its
             columns are computed; the last step adds each slab as it arrives.
+        sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
 
     Returns:
         Z_shard: [M_shard, N] in w's dtype, shared HBM: sum over the ring of X_r @ W_r for
         this rank's rows.
 
     Decomposition: at step s = 0..tp-1 the rank computes its partial for the chunk owned by
-    collective_permute_implicit_current_processing_rank_id(s + 1) (the chunk that reaches
-    its owner after tp - 1 - s more hops) into an HBM buffer; at s = 0 it is sent on with
+    position_after(pos, s + 1) (the chunk that reaches its owner after tp - 1 - s more
+    hops) into an HBM buffer; at s = 0 it is sent on with
     collective_permute_implicit, at 0 < s < tp - 1 collective_permute_implicit_reduce sends
     partial + the sum received at s - 1. The last step computes the rank's own chunk and
     adds the arriving sum while evacuating PSUM. Partials and sums travel in w's dtype and
@@ -90,25 +86,22 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4):
     channels; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1.
     """
     k, m, n = matmul_operands(x_t, w)
-    rg, ring, tp, ms = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
+    rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
     z = nl.ndarray((ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
-    halves = split_rows(ms, channels)
     chans = list(range(channels))
     part = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
             for c, (_, h) in enumerate(halves)]
     acc = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
            for c, (_, h) in enumerate(halves)]
     assert pieces >= 1, f"pieces must be >= 1, got {pieces}"
-    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True)
+    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True, sbuf_bytes=sbuf_bytes)
     slabs = unit_pieces(n, tiling.n_tiles * MOVING_FMAX, pieces)
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=w.dtype, name="rs")
     for s in range(tp):
         last = s == tp - 1
         blocks = []
         for c, (off, h) in enumerate(halves):
-            owner = ncc.collective_permute_implicit_current_processing_rank_id(
-                iteration_id=s + 1, replica_group=rg, channel_id=c)
-            col = ring.index(owner) * ms + off
+            col = position_after(pos, s + 1, tp, c) * ms + off
             if last:
                 addend = acc[c][(s - 1) % 2] if tp > 1 else None
                 blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, 0:n], addend))
@@ -143,10 +136,9 @@ def reduce_scatter_ring(partial, groups, channels=1):
     """
     assert len(partial.shape) == 2, f"partial must be 2-D, got {tuple(partial.shape)}"
     m, n = partial.shape
-    rg, ring, tp, ms = _ring_setup(groups, m, channels, "reduce_scatter_ring")
+    rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "reduce_scatter_ring")
     dt = partial.dtype
     z = nl.ndarray((ms, n), dtype=dt, buffer=nl.shared_hbm, name="z")
-    halves = split_rows(ms, channels)
     chans = list(range(channels))
     part = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
             for c, (_, h) in enumerate(halves)]
@@ -154,12 +146,10 @@ def reduce_scatter_ring(partial, groups, channels=1):
            for c, (_, h) in enumerate(halves)]
     for s in range(tp - 1):
         for c, (off, h) in enumerate(halves):
-            owner = ncc.collective_permute_implicit_current_processing_rank_id(
-                iteration_id=s + 1, replica_group=rg, channel_id=c)
-            row = ring.index(owner) * ms + off
+            row = position_after(pos, s + 1, tp, c) * ms + off
             nisa.dma_copy(dst=part[c][s % 2], src=partial[row:row + h, 0:n], name="rs_stage")
         _ring_step(rg, s, part, acc, chans, 0, n)
-    mine = ring.index(ncc.rank_id()) * ms
+    mine = pos * ms
     a_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_a{i}") for i in range(2)]
     b_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_b{i}") for i in range(2)]
     o_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_o{i}") for i in range(2)]
@@ -181,58 +171,4 @@ def reduce_scatter_ring(partial, groups, channels=1):
     return z
 
 
-def matmul_reduce_scatter_reference(x_t_slices: Sequence[np.ndarray], w_slices: Sequence[np.ndarray], *,
-                                    out_dtype: Any = None) -> list[np.ndarray]:
-    """NumPy reference of `matmul_reduce_scatter` for a whole rank-list.
-
-    Args:
-        x_t_slices: per list position, [K_shard, M]; w_slices: per list position, [K_shard, N].
-
-    Returns:
-        per list position i, rows i*M_shard.. of sum_r x_t_r.T @ w_r (float64, rounded once).
-    """
-    total = sum(np.asarray(x, dtype=np.float64).T @ np.asarray(w, dtype=np.float64)
-                for x, w in zip(x_t_slices, w_slices))
-    dt = out_dtype or np.asarray(w_slices[0]).dtype
-    return [c.astype(dt) for c in np.split(total, len(x_t_slices), axis=0)]
-
-
-def reduce_scatter_reference(partials: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """NumPy reference of `reduce_scatter_ring`: the float64 sum split along M, per list position."""
-    total = sum(np.asarray(p, dtype=np.float64) for p in partials)
-    dt = np.asarray(partials[0]).dtype
-    return [c.astype(dt) for c in np.split(total, len(partials), axis=0)]
-
-
-def matmul_reduce_scatter_timings(m: int, k: int, n: int, tp: int, dtype: Any, link: Any, channels: int = 1, *,
-                                  numerics: bool = False, timeout_s: float = 600.0) -> dict:
-    """T_mm, T_cc, T_f, hidden fraction and speedup of `matmul_reduce_scatter` in the simulator.
-
-    Args:
-        m: rows of X (all ranks), divisible by tp; k: this rank's contraction slice K_shard;
-        n: output columns; tp, dtype, link, channels, numerics: as in
-        `trnopt.kernels.allgather_matmul.allgather_matmul_timings`.
-
-    Variants: T_mm the undecomposed [m, k] x [k, n] partial product on one rank, T_cc
-    `reduce_scatter_ring` of an [m, n] partial, T_f `matmul_reduce_scatter`.
-    """
-    from trnopt.kernels.overlap import Variant, measure_overlap, operand
-    from trnopt.kernels.tiling import matmul
-
-    assert m % tp == 0, f"m={m} must be divisible by tp={tp}"
-    groups = (tuple(range(tp)),)
-    kw = {"groups": groups, "channels": channels}
-    x = lambda r: operand((k, m), dtype, numerics, seed=r)  # noqa: E731
-    wt = lambda r: operand((k, n), dtype, numerics, seed=1000 + r)  # noqa: E731
-    res = measure_overlap(
-        mm=Variant(matmul, [(x(0), wt(0))]),
-        cc=Variant(reduce_scatter_ring, [(operand((m, n), dtype, numerics, seed=r),) for r in range(tp)], kw),
-        fused=Variant(matmul_reduce_scatter, [(x(r), wt(r)) for r in range(tp)], kw),
-        link=link, numerics=numerics, timeout_s=timeout_s)
-    return res.as_dict()
-
-
-__all__ = [
-    "matmul_reduce_scatter", "reduce_scatter_ring", "matmul_reduce_scatter_reference", "reduce_scatter_reference",
-    "matmul_reduce_scatter_timings",
-]
+__all__ = ["matmul_reduce_scatter", "reduce_scatter_ring"]

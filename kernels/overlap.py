@@ -1,25 +1,42 @@
-"""Measuring collective/compute overlap in the simulator: the one place the ratios are computed.
+"""The overlap harness: a registry of overlap kernels and one timer that measures any of them.
 
-For a fused kernel with T_mm the same matmul without decomposition, T_cc the collective
-alone and T_f the fused kernel (DESIGN section 7):
+Every entry names its fused kernel, the collective alone, the undecomposed matmul and the
+NumPy reference, and builds their per-rank operands for a shape. `measure` runs the
+three in the simulator with the same link model and returns, with T_mm the baseline
+matmul's kernel time, T_cc the collective's link time and T_f the fused kernel's time
+(the overlap-efficiency ratios of ByteDance Flux, arXiv:2406.06858, section 5):
 
     hidden fraction = 1 - (T_f - T_mm) / T_cc        speedup = (T_mm + T_cc) / T_f
 
-Each kernel module builds its three variants and calls `measure_overlap`; the KernelPlan
-and the benchmarks read the resulting `OverlapResult`. T_mm and T_f are kernel times
-(`Timeline.total_s`); T_cc is the link time of the collective-alone kernel
-(`collective_span`: busy time of its busiest collective engine).
+With ``numerics=True`` the fused kernel runs with data and each rank's output is compared
+with the reference (the per-dtype tolerance of `TOLERANCE`).
+
+    from trnopt.kernels.overlap import REGISTRY, measure
+    r = measure("allgather_matmul", {"m": 8192, "k": 16384, "n": 512}, tp=32,
+                link=LinkModel(256e9, 1.5e-6), channels=2)
+    r.hidden_fraction, r.speedup
+
+The benchmarks (kernel_overlap, overlap_table, kernel_device), the kernel plan and the
+`trnopt kernels` command measure through this module; nothing else wires kernels to the
+simulator.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
+from trnopt.kernels import references as ref
 from trnopt.kernels.sim import TensorSpec, run_ranks
+from trnopt.kernels.tiling import SBUF_TRN2
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: Relative tolerance per dtype, against the scale of the expected tensor (tests/kernels/conftest.py).
+TOLERANCE = {BF16: 2e-2, np.dtype(np.float32): 1e-5}
 
 
 def hidden_fraction(t_mm: float, t_cc: float, t_f: float) -> float:
@@ -44,9 +61,40 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class OverlapResult:
-    """Times in seconds from the simulator's timeline; ``numerics`` False when run without data."""
+class Launches:
+    """The three launches of one measurement and the expected fused output per rank (numerics)."""
 
+    mm: Variant
+    cc: Variant
+    fused: Variant
+    expected: Callable[[], list[Any]]
+
+
+@dataclass(frozen=True)
+class OverlapKernel:
+    """A registry entry. ``build(shape, ring, dtype, numerics, seed, kwargs)`` makes the launches:
+    ``ring`` the simulator rank ids in ring order, ``kwargs`` the keyword arguments every
+    kernel of the entry gets (groups, channels, sbuf_bytes, ...)."""
+
+    name: str
+    fused: Any
+    collective: Any
+    baseline: Any
+    reference: Callable[..., Any]
+    shape_keys: tuple[str, ...]
+    build: Callable[..., Launches]
+    collective_kwargs: tuple[str, ...] = ("groups", "channels")
+
+
+@dataclass(frozen=True)
+class OverlapResult:
+    """Times in seconds from the simulator's timeline; ``max_err`` (relative to the
+    reference's scale) and ``ok`` when run with data, else None."""
+
+    kernel: str
+    tp: int
+    channels: int
+    shape: Mapping[str, int]
     t_mm: float
     t_cc: float
     t_f: float
@@ -54,6 +102,8 @@ class OverlapResult:
     speedup: float
     exposed_comm_f: float
     numerics: bool
+    ok: bool | None = None
+    max_err: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -67,22 +117,13 @@ def operand(shape: tuple[int, ...], dtype: Any, numerics: bool, seed: int = 0) -
     return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
 
 
-def run_time(v: Variant, *, link: Any, numerics: bool, timeout_s: float) -> Any:
-    """Run one variant on all its ranks; returns the simulator's Timeline."""
-    res = run_ranks(v.kernel, v.args_per_rank, link=link, numerics=numerics, timeout_s=timeout_s,
-                    kwargs=dict(v.kwargs))
-    return res.timeline
-
-
 def collective_span(timeline: Any) -> float:
     """Link time of a collective-alone run: the busiest collective engine ("CC<channel>")
-    of any core, in seconds of transfer (hop latencies included).
+    of any core, in seconds of transfer (hop latencies and the DMA share included).
 
-    Channels run concurrently, so the busiest one bounds the collective. Taking busy time
-    rather than wall time keeps out the DMA copies the simulator requires around every
-    collective (collectives never touch kernel inputs or outputs), which on this model's
-    368 GB/s DMA would otherwise gate a two-channel ring.
-    """
+    Channels run concurrently, so the busiest one bounds the collective. Busy time rather
+    than wall time keeps out the DMA copies around every collective (collectives never
+    touch kernel inputs or outputs)."""
     best = 0.0
     for core in timeline.cores:
         for engine, busy in core.busy.items():
@@ -91,12 +132,188 @@ def collective_span(timeline: Any) -> float:
     return best
 
 
-def measure_overlap(*, mm: Variant, cc: Variant, fused: Variant, link: Any, numerics: bool = False,
-                    timeout_s: float = 600.0) -> OverlapResult:
-    """Run the three variants with the same link model and compute the overlap ratios."""
-    t_mm = run_time(mm, link=link, numerics=numerics, timeout_s=timeout_s)
-    t_cc = run_time(cc, link=link, numerics=numerics, timeout_s=timeout_s)
-    t_f = run_time(fused, link=link, numerics=numerics, timeout_s=timeout_s)
-    a, b, c = t_mm.total_s, collective_span(t_cc), t_f.total_s
-    return OverlapResult(t_mm=a, t_cc=b, t_f=c, hidden_fraction=hidden_fraction(a, b, c),
-                         speedup=speedup(a, b, c), exposed_comm_f=t_f.exposed_comm_s, numerics=numerics)
+def max_rel_err(actual: Any, expected: Any, dtype: Any) -> tuple[bool, float]:
+    """(within tolerance, max |err| / scale): an element passes when |a - e| <= rtol (|e| + max|e|)."""
+    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    assert a.shape == e.shape, f"output shape {a.shape} != expected {e.shape}"
+    if not np.all(np.isfinite(a)):
+        return False, float("inf")
+    rtol = TOLERANCE[np.dtype(dtype)]
+    scale = float(np.max(np.abs(e))) if e.size else 0.0
+    err = np.abs(a - e)
+    ok = bool(np.all(err <= rtol * (np.abs(e) + scale)))
+    return ok, float(err.max() / scale) if scale else float(err.max(initial=0.0))
+
+
+def _flat(x: Any) -> list[Any]:
+    return [v for y in x for v in _flat(y)] if isinstance(x, (tuple, list)) else [x]
+
+
+# --- registry entries ---------------------------------------------------------------------------
+def _tp_operands(ring, k, rows, n, dtype, numerics, seed):
+    tp = len(ring)
+    x = [operand((k, rows), dtype, numerics, seed=seed + p) for p in range(tp)]
+    w = [operand((k, n), dtype, numerics, seed=seed + 1000 + p) for p in range(tp)]
+    pos = {r: i for i, r in enumerate(ring)}
+    return x, w, [pos[i] for i in range(tp)]
+
+
+def _build_allgather(shape, ring, dtype, numerics, seed, kw) -> Launches:
+    from trnopt.kernels.allgather_matmul import allgather_matmul, allgather_ring
+    from trnopt.kernels.tiling import matmul
+    m, k, n = shape["m"], shape["k"], shape["n"]
+    tp = len(ring)
+    assert m % tp == 0, f"allgather_matmul: m={m} must be divisible by tp={tp}"
+    x, w, at = _tp_operands(ring, k, m // tp, n, dtype, numerics, seed)
+    cc_kw = {key: kw[key] for key in ("groups", "channels")}
+    return Launches(
+        mm=Variant(matmul, [(operand((k, m), dtype, numerics, seed=seed), w[0])], {"sbuf_bytes": kw["sbuf_bytes"]}),
+        cc=Variant(allgather_ring, [(x[p],) for p in at], cc_kw),
+        fused=Variant(allgather_matmul, [(x[p], w[p]) for p in at], kw),
+        expected=lambda: [ref.allgather_matmul_reference(x, w[p]) for p in at])
+
+
+def _build_reduce_scatter(shape, ring, dtype, numerics, seed, kw) -> Launches:
+    from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter, reduce_scatter_ring
+    from trnopt.kernels.tiling import matmul
+    m, k, n = shape["m"], shape["k"], shape["n"]
+    tp = len(ring)
+    assert m % tp == 0, f"matmul_reduce_scatter: m={m} must be divisible by tp={tp}"
+    x, w, at = _tp_operands(ring, k, m, n, dtype, numerics, seed)
+    cc_kw = {key: kw[key] for key in ("groups", "channels")}
+    partial = [operand((m, n), dtype, numerics, seed=seed + 50 + p) for p in range(tp)]
+
+    def expected():
+        out = ref.matmul_reduce_scatter_reference(x, w)
+        return [out[p] for p in at]
+    return Launches(
+        mm=Variant(matmul, [(x[0], w[0])], {"sbuf_bytes": kw["sbuf_bytes"]}),
+        cc=Variant(reduce_scatter_ring, [(partial[p],) for p in at], cc_kw),
+        fused=Variant(matmul_reduce_scatter, [(x[p], w[p]) for p in at], kw),
+        expected=expected)
+
+
+def _build_expert(shape, ring, dtype, numerics, seed, kw) -> Launches:
+    from trnopt.kernels.alltoall_expert_matmul import (alltoall_expert_matmul, expert_alltoall,
+                                                       grouped_expert_matmul)
+    from trnopt.kernels.routing import capacity_slots
+    ep = len(ring)
+    tokens, h, f = shape["tokens"], shape["h"], shape["f"]
+    el, n_sub = shape.get("e_local", 1), shape.get("n_sub", 4)
+    cap = capacity_slots(tokens, ep * el, n_sub, shape.get("capacity_pct", 100) / 100)
+    c = cap // n_sub
+    xs, ys = (n_sub, ep, el, h, c), (n_sub, ep, el, c, f)
+    pos = {r: i for i, r in enumerate(ring)}
+    at = [pos[i] for i in range(ep)]
+    x = [operand(xs, dtype, numerics, seed=seed + p) for p in range(ep)]
+    w = [operand((el, h, f), dtype, numerics, seed=seed + 1000 + p) for p in range(ep)]
+    cc_args = [(operand((1, ep, el, h, cap), dtype, numerics, seed=seed + p),
+                operand((1, ep, el, cap, f), dtype, numerics, seed=seed + 50 + p)) for p in at]
+    cc_kw = {key: kw[key] for key in ("groups", "channels")}
+
+    def expected():
+        out = ref.alltoall_expert_matmul_reference(x, w)
+        return [out[p] for p in at]
+    return Launches(
+        mm=Variant(grouped_expert_matmul, [(x[0], w[0])], {"sbuf_bytes": kw["sbuf_bytes"]}),
+        cc=Variant(expert_alltoall, cc_args, cc_kw),
+        fused=Variant(alltoall_expert_matmul, [(x[p], w[p]) for p in at], kw),
+        expected=expected)
+
+
+def _registry() -> dict[str, OverlapKernel]:
+    from trnopt.kernels import allgather_matmul as ag
+    from trnopt.kernels import alltoall_expert_matmul as a2a
+    from trnopt.kernels import matmul_reduce_scatter as rs
+    from trnopt.kernels.tiling import matmul
+    return {e.name: e for e in (
+        OverlapKernel("allgather_matmul", ag.allgather_matmul, ag.allgather_ring, matmul,
+                      ref.allgather_matmul_reference, ("m", "k", "n"), _build_allgather),
+        OverlapKernel("matmul_reduce_scatter", rs.matmul_reduce_scatter, rs.reduce_scatter_ring, matmul,
+                      ref.matmul_reduce_scatter_reference, ("m", "k", "n"), _build_reduce_scatter),
+        OverlapKernel("alltoall_expert_matmul", a2a.alltoall_expert_matmul, a2a.expert_alltoall,
+                      a2a.grouped_expert_matmul, ref.alltoall_expert_matmul_reference,
+                      ("tokens", "h", "f", "e_local", "n_sub"), _build_expert),
+    )}
+
+
+class _Registry(Mapping):
+    """Kernel name -> `OverlapKernel`, built on first use (the kernel modules import this one)."""
+
+    _entries: dict[str, OverlapKernel] | None = None
+
+    def _get(self) -> dict[str, OverlapKernel]:
+        if self._entries is None:
+            type(self)._entries = _registry()
+        return self._entries  # type: ignore[return-value]
+
+    def __getitem__(self, key: str) -> OverlapKernel:
+        try:
+            return self._get()[key]
+        except KeyError:
+            raise KeyError(f"no overlap kernel {key!r}; known: {sorted(self._get())}") from None
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+REGISTRY: Mapping[str, OverlapKernel] = _Registry()
+
+
+# --- the timer ----------------------------------------------------------------------------------
+def launches(kernel: str, shape: Mapping[str, int], *, tp: int | None = None, ring: Sequence[int] | None = None,
+             channels: int = 1, dtype: Any = BF16, numerics: bool = False, seed: int = 0,
+             sbuf_bytes: int = SBUF_TRN2, options: Mapping[str, Any] | None = None) -> Launches:
+    """The three launches of ``kernel`` at ``shape`` on one ring (``ring``: simulator rank ids
+    in ring order, default ``range(tp)``); ``options`` are extra fused-kernel arguments
+    (e.g. ``pieces``)."""
+    entry = REGISTRY[kernel]
+    ring = tuple(ring) if ring is not None else tuple(range(tp or 1))
+    assert tp is None or tp == len(ring), f"tp={tp} but the ring has {len(ring)} ranks"
+    kw = {"groups": (ring,), "channels": channels, "sbuf_bytes": sbuf_bytes, **dict(options or {})}
+    return entry.build(dict(shape), ring, np.dtype(dtype), numerics, seed, kw)
+
+
+def run(v: Variant, *, link: Any, numerics: bool = False, lnc: int = 1, sbuf_bytes: int = SBUF_TRN2,
+        symmetric: bool | None = None, timeout_s: float = 600.0) -> Any:
+    """Run one launch on all its ranks: the simulator's SimResult."""
+    return run_ranks(v.kernel, v.args_per_rank, link=link, numerics=numerics, lnc=lnc, timeout_s=timeout_s,
+                     sbuf_bytes_per_partition=sbuf_bytes, kwargs=dict(v.kwargs), symmetric=symmetric)
+
+
+def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None = None,
+            ring: Sequence[int] | None = None, channels: int = 1, dtype: Any = BF16, numerics: bool = False,
+            lnc: int = 1, sbuf_bytes: int = SBUF_TRN2, options: Mapping[str, Any] | None = None,
+            symmetric: bool | None = None, seed: int = 0, timeout_s: float = 600.0) -> OverlapResult:
+    """T_mm, T_cc, T_f and the overlap ratios of ``kernel`` (a `REGISTRY` name) at ``shape``.
+
+    Args:
+        shape: the entry's ``shape_keys`` (TP kernels: m rows of X in all, k, n per rank).
+        link: LinkModel of every channel, or channel -> LinkModel (one ring direction).
+        tp / ring: ring size, or the simulator rank ids in ring order.
+        channels: 1 or 2; dtype: operand dtype; lnc: programs per rank;
+        sbuf_bytes: SBUF bytes per partition of the target chip (simulator capacity and
+            the kernels' tiling budget); options: extra fused-kernel arguments.
+        numerics: run the fused kernel with data and check every rank against the reference.
+        symmetric: the simulator's symmetric mode for the schedule-only runs (None: auto).
+
+    Returns:
+        `OverlapResult`; with numerics, ``ok`` and ``max_err`` of the worst rank.
+    """
+    lx = launches(kernel, shape, tp=tp, ring=ring, channels=channels, dtype=dtype, numerics=numerics, seed=seed,
+                  sbuf_bytes=sbuf_bytes, options=options)
+    opts = {"link": link, "lnc": lnc, "sbuf_bytes": sbuf_bytes, "timeout_s": timeout_s}
+    t_mm = run(lx.mm, numerics=False, symmetric=symmetric, **opts).timeline
+    t_cc = run(lx.cc, numerics=False, symmetric=symmetric, **opts).timeline
+    fused = run(lx.fused, numerics=numerics, symmetric=None if numerics else symmetric, **opts)
+    ok = err = None
+    if numerics:
+        verdicts = [max_rel_err(got, want, dtype) for out, exp in zip(fused.outputs, lx.expected())
+                    for got, want in zip(_flat(out), _flat(exp))]
+        ok, err = all(v[0] for v in verdicts), max(v[1] for v in verdicts)
+    a, b, c = t_mm.total_s, collective_span(t_cc), fused.timeline.total_s
+    return OverlapResult(kernel, len(lx.fused.args_per_rank), channels, dict(shape), a, b, c,
+                         hidden_fraction(a, b, c), speedup(a, b, c), fused.timeline.exposed_comm_s, numerics, ok, err)

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from trnopt.kernels.sim import LinkModel
-from trnopt.kernels.tiling import MOVING_FMAX, PMAX, choose_tiling
+from trnopt.kernels.tiling import MOVING_FMAX, PMAX, SBUF_TRN2, choose_tiling
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.model.placement import groups as dim_groups
@@ -316,32 +316,33 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
         ch = tp.channels
         m, k, n = shapes["allgather_matmul"]
         ms = m // layout.tp
-        t = choose_tiling(ms, k, n, ITEMSIZE, ITEMSIZE)
+        t = choose_tiling(ms, k, n, ITEMSIZE, ITEMSIZE, sbuf_bytes=cap)
         chunk = k * -(-ms // ch) * ITEMSIZE
         out.append(KernelUse("allgather_matmul", "QKV and MLP-in projections (column-parallel) forward; "
                              "gradient of attention-out and MLP-out inputs backward", m, k, n, ch, chunk,
-                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(ITEMSIZE, ITEMSIZE), cap))
+                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE), cap))
         m, k, n = shapes["matmul_reduce_scatter"]
-        t = choose_tiling(m // layout.tp, k, n, ITEMSIZE, ITEMSIZE, addend=True)
+        t = choose_tiling(m // layout.tp, k, n, ITEMSIZE, ITEMSIZE, addend=True, sbuf_bytes=cap)
         chunk = -(-(m // layout.tp) // ch) * n * ITEMSIZE
         out.append(KernelUse("matmul_reduce_scatter", "attention-out and MLP-out projections (row-parallel) "
                              "forward; gradient of QKV and MLP-in inputs backward", m, k, n, ch, chunk,
-                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(ITEMSIZE, ITEMSIZE, ITEMSIZE), cap))
+                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, ITEMSIZE), cap))
     if layout.ep > 1 and mdl.moe is not None:
         tokens = workload.training.seq // layout.cp * layout.micro_batch // layout.tp * mdl.moe.top_k
         e_local = mdl.moe.experts // layout.ep
         c = max(1, -(-tokens // (layout.ep * e_local * 4)))
         f = mdl.moe.expert_ffn
-        t = choose_tiling(layout.ep * c, mdl.hidden, f, ITEMSIZE, ITEMSIZE)
+        t = choose_tiling(layout.ep * c, mdl.hidden, f, ITEMSIZE, ITEMSIZE, sbuf_bytes=cap)
         chunk = layout.ep * e_local * mdl.hidden * c * ITEMSIZE
         out.append(KernelUse("alltoall_expert_matmul", f"MoE layers: dispatch, {e_local} local expert(s), combine "
                              f"(top-{mdl.moe.top_k}, 4 sub-chunks)", tokens, mdl.hidden, f, 1, chunk,
-                             chunk, _tiling_text(t), t.sbuf_bytes(ITEMSIZE, ITEMSIZE), cap))
+                             chunk, _tiling_text(t), t.sbuf_bytes(mdl.hidden, f, ITEMSIZE, ITEMSIZE), cap))
     return out
 
 
 def _tiling_text(t) -> str:
-    return f"{t.k_block}x{PMAX} K rows, {t.m_tiles}x128 rows x {t.n_tiles}x{MOVING_FMAX} cols per PSUM group"
+    return (f"{t.k_block}x{PMAX} K rows, {t.m_tiles}x128 rows x {t.n_tiles}x{MOVING_FMAX} cols per PSUM group"
+            + (", weight resident in SBUF" if t.resident_w else ""))
 
 
 def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPlan:
@@ -368,34 +369,23 @@ def local_ring(group: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def overlap_variants(kernel: str, ring: tuple[int, ...], m: int, k: int, n: int, dtype, channels: int,
-                     numerics: bool, seed: int = 0):
+                     numerics: bool, seed: int = 0, sbuf_bytes: int = SBUF_TRN2):
     """(mm, cc, fused) Variants of a TP kernel on the ring ``ring`` (simulator ids, ring order),
-    with operands per list position; also the per-position inputs for the references.
+    from the overlap registry (`trnopt.kernels.overlap.launches`), and the per-position
+    inputs (x, w) for the references.
 
     allgather_matmul: X [m, k] gathered from shards of m / tp rows, W [k, n] per rank.
     matmul_reduce_scatter: X [m, k] per rank (a K-slice), W [k, n], output rows m / tp.
     """
-    from trnopt.kernels.allgather_matmul import allgather_matmul, allgather_ring
-    from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter, reduce_scatter_ring
-    from trnopt.kernels.overlap import Variant, operand
-    from trnopt.kernels.tiling import matmul
+    from trnopt.kernels.overlap import REGISTRY, launches
 
-    tp = len(ring)
-    pos = {r: i for i, r in enumerate(ring)}  # simulator id -> list position
-    kw = {"groups": (ring,), "channels": channels}
-    if kernel == "allgather_matmul":
-        x = [operand((k, m // tp), dtype, numerics, seed=seed + p) for p in range(tp)]
-        w = [operand((k, n), dtype, numerics, seed=seed + 1000 + p) for p in range(tp)]
-        mm = Variant(matmul, [(operand((k, m), dtype, numerics, seed=seed), w[0])])
-        cc_ = Variant(allgather_ring, [(x[pos[i]],) for i in range(tp)], kw)
-        fused = Variant(allgather_matmul, [(x[pos[i]], w[pos[i]]) for i in range(tp)], kw)
-    elif kernel == "matmul_reduce_scatter":
-        x = [operand((k, m), dtype, numerics, seed=seed + p) for p in range(tp)]
-        w = [operand((k, n), dtype, numerics, seed=seed + 1000 + p) for p in range(tp)]
-        mm = Variant(matmul, [(x[0], w[0])])
-        cc_ = Variant(reduce_scatter_ring, [(operand((m, n), dtype, numerics, seed=seed + 50 + pos[i]),)
-                                            for i in range(tp)], kw)
-        fused = Variant(matmul_reduce_scatter, [(x[pos[i]], w[pos[i]]) for i in range(tp)], kw)
-    else:
+    if kernel not in ("allgather_matmul", "matmul_reduce_scatter"):
         raise ValueError(f"unknown TP kernel {kernel!r}")
-    return mm, cc_, fused, (x, w)
+    assert kernel in REGISTRY
+    lx = launches(kernel, {"m": m, "k": k, "n": n}, ring=ring, channels=channels, dtype=dtype, numerics=numerics,
+                  seed=seed, sbuf_bytes=sbuf_bytes)
+    pos = {r: i for i, r in enumerate(ring)}
+    by_pos = sorted(range(len(ring)), key=lambda i: pos[i])  # simulator id of each list position
+    x = [lx.fused.args_per_rank[i][0] for i in by_pos]
+    w = [lx.fused.args_per_rank[i][1] for i in by_pos]
+    return lx.mm, lx.cc, lx.fused, (x, w)

@@ -1,26 +1,32 @@
-"""Tiling shared by the overlap kernels: a streamed matmul within the hardware limits.
+"""Matmul tiling shared by the overlap kernels: a streamed matmul within the hardware limits.
 
 `MatmulPipeline` emits ``out[m, n] = x_t[K, m].T @ w[K, n]`` for one or more row blocks
 that share a weight ``w``, with every operand in HBM:
 
 - K is cut into tiles of 128 partitions (the contraction runs over partitions), grouped in
-  blocks of ``k_block`` tiles; each block of x and w is DMA'd into one of two SBUF buffers
-  (double buffering: block j+1 loads while block j multiplies);
-- output rows are cut into tiles of up to 128 (matmul stationary free size), columns into
-  tiles of up to 512 (moving free size, one 2 KiB PSUM bank of FP32);
+  blocks of ``k_block`` tiles. A block of whole tiles is loaded with one DMA per operand
+  as a [128, k_block, cols] tile whose partition p, slot j holds row p * k_block + j of
+  the block: the matmul contracts over partitions, and x and w share the row order, so
+  the sum is the same while the DMA count drops k_block-fold (the per-DMA fixed cost,
+  ~0.6 us of descriptor generation and ~1.3 us to start, "NKI Performance Guide", is
+  what limits small-tile streams). Ragged blocks load tile by tile;
+- output rows of all row blocks of a call are packed into stationary tiles of up to 128
+  rows (a tile may hold rows of several blocks: two half-chunks of a two-channel ring
+  fill one tile, so the matmul runs at its full rate, max(min(64, M), N) cycles for M
+  up to 128); columns into moving tiles of up to 512 (one 2 KiB PSUM bank of FP32);
 - a group of ``m_tiles x n_tiles`` output tiles accumulates over all of K in PSUM (at most
-  8 banks); PSUM tiles come from a round-robin pool of 8, so the evacuation of one group
-  (PSUM -> SBUF with the cast to the output dtype, then DMA to HBM) overlaps the next
-  group's matmuls;
+  8 banks, round-robin), so one group's evacuation (PSUM -> SBUF with the cast, one
+  store per row piece) overlaps the next group's matmuls; evacuation copies alternate
+  between the Vector and Scalar engines;
+- ``resident_w``: the whole weight stays in SBUF, loaded once on first use, when it fits
+  (small weight shards at large TP degree would otherwise be re-read once per row group);
 - an optional ``addend`` (HBM, [m, n]) is added at evacuation (the reduce-scatter's last
   step adds the partial sum that arrived over the ring).
 
+The SBUF capacity is a parameter (`choose_tiling(sbuf_bytes=...)`), from the target's
+chip (`Target.chip.sbuf_bytes_per_partition`); `SBUF_TRN2` is only the default.
 Buffers are allocated once per pipeline and reused, so the simulator's dependency
-tracking sees the write-after-read hazards that real buffer rotation has. The x and w
-blocks of a group are loaded once per group: x is re-read once per column group and w
-once per row group (`MatmulTiling.traffic_bytes`).
-
-`matmul_operands` and `ring_setup` are the precondition checks the kernels share.
+tracking sees the write-after-read hazards that real buffer rotation has.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trnopt.kernels.nki_api import ncc, nisa, nki, nl
+from trnopt.kernels.nki_api import nisa, nki, nl
 
 PMAX = 128  # partitions (nl.tile_size.pmax)
 STATIONARY_FMAX = 128  # nc_matmul stationary free size (nl.tile_size.gemm_stationary_fmax)
 MOVING_FMAX = 512  # nc_matmul moving free size (nl.tile_size.gemm_moving_fmax)
 PSUM_BANKS = 8  # nl.tile_size.psum_num_banks, 2 KiB (512 FP32) per partition each
-SBUF_BYTES_PER_PARTITION = 224 * 1024  # Trn2 (DESIGN section 7)
+SBUF_TRN2 = 224 * 1024  # bytes per partition, Trn2 ("Trainium2 Architecture Guide for NKI")
+SBUF_SHARE = 0.75  # share of SBUF a pipeline may take; the rest is the kernel's own tiles
 
 
 def matmul_operands(x_t, w) -> tuple[int, int, int]:
@@ -49,36 +56,10 @@ def matmul_operands(x_t, w) -> tuple[int, int, int]:
     return k, m, n
 
 
-def ring_setup(groups: Sequence[Sequence[int]], channels: int, what: str):
-    """``(replica group, this rank's rank-list, its size)`` for a ring kernel ``what``, asserting
-    rank-lists of equal size, channels in (1, 2) and one program per rank (LNC 1)."""
-    sizes = {len(g) for g in groups}
-    assert len(sizes) == 1, f"replica groups must have equal sizes, got {[len(g) for g in groups]}"
-    assert channels in (1, 2), f"channels must be 1 or 2, got {channels}"
-    assert nl.num_programs() == 1, f"{what} runs one program per rank (LNC 1), got {nl.num_programs()}"
-    rg = ncc.ReplicaGroup([list(g) for g in groups])
-    me = ncc.rank_id()
-    for g in groups:
-        if me in g:
-            return rg, list(g), len(g)
-    raise AssertionError(f"rank {me} is in no rank-list of replica groups {[list(g) for g in groups]}")
-
-
 def tile_spans(total: int, size: int) -> list[tuple[int, int]]:
     """``[(start, length), ...]`` covering ``range(total)`` in tiles of ``size``; the last may be short."""
     assert total > 0 and size > 0, f"tile_spans needs positive sizes, got total={total}, size={size}"
     return [(s, min(size, total - s)) for s in range(0, total, size)]
-
-
-def unit_pieces(total: int, unit: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``range(total)`` into at most ``parts`` spans whose inner boundaries fall on
-    multiples of ``unit`` (tile or block edges), sizes as even as the units allow."""
-    units = -(-total // unit)
-    out = []
-    for u0, nu in split_rows(units, max(1, min(parts, units))):
-        start = u0 * unit
-        out.append((start, min(total, (u0 + nu) * unit) - start))
-    return out
 
 
 def split_rows(rows: int, parts: int) -> list[tuple[int, int]]:
@@ -93,6 +74,27 @@ def split_rows(rows: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def unit_pieces(total: int, unit: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``range(total)`` into at most ``parts`` spans whose inner boundaries fall on
+    multiples of ``unit`` (tile or block edges), sizes as even as the units allow."""
+    units = -(-total // unit)
+    out = []
+    for u0, nu in split_rows(units, max(1, min(parts, units))):
+        start = u0 * unit
+        out.append((start, min(total, (u0 + nu) * unit) - start))
+    return out
+
+
+def k_interleaved(view: Any, kb: int) -> Any:
+    """A [kb * 128, cols] view as [128, kb, cols]: element [p, j, c] is row p * kb + j.
+
+    One DMA moves a whole K block this way; both matmul operands use it, so the
+    contraction pairs the same rows (see the module docstring)."""
+    (s0, rows), (s1, cols) = view.get_pattern()
+    assert rows == kb * PMAX, f"k_interleaved: {rows} rows, expected {kb} x {PMAX}"
+    return view.ap([[kb * s0, PMAX], [s0, kb], [s1, cols]])
+
+
 @dataclass(frozen=True)
 class MatmulTiling:
     """Tile counts of a `MatmulPipeline` (see the module docstring)."""
@@ -100,7 +102,8 @@ class MatmulTiling:
     k_block: int = 4  # K tiles (of 128) per DMA block
     m_tiles: int = 4  # output row tiles (of <= 128) per PSUM group
     n_tiles: int = 2  # output column tiles (of <= 512) per PSUM group
-    out_bufs: int = 8  # SBUF staging tiles for PSUM evacuation
+    out_bufs: int = 2  # SBUF staging groups for PSUM evacuation
+    resident_w: bool = False  # the whole weight in SBUF, loaded once
 
     def __post_init__(self) -> None:
         assert self.k_block >= 1, f"k_block must be >= 1, got {self.k_block}"
@@ -109,43 +112,46 @@ class MatmulTiling:
             f"a PSUM group of {self.m_tiles} x {self.n_tiles} tiles needs "
             f"{self.m_tiles * self.n_tiles} banks > {PSUM_BANKS}")
 
-    def sbuf_bytes(self, in_itemsize: int, out_itemsize: int, addend_itemsize: int = 0) -> int:
-        """SBUF bytes per partition the pipeline allocates."""
+    def sbuf_bytes(self, k: int, n: int, in_itemsize: int, out_itemsize: int, addend_itemsize: int = 0) -> int:
+        """SBUF bytes per partition the pipeline allocates for a [k, n] weight."""
+        ncols = min(self.n_tiles * MOVING_FMAX, n)
         x = 2 * self.k_block * self.m_tiles * STATIONARY_FMAX * in_itemsize
-        w = 2 * self.k_block * self.n_tiles * MOVING_FMAX * in_itemsize
-        o = self.out_bufs * MOVING_FMAX * max(out_itemsize, 4 if addend_itemsize else out_itemsize)
-        a = 2 * self.m_tiles * self.n_tiles * MOVING_FMAX * addend_itemsize
+        w = (math.ceil(k / PMAX) * n if self.resident_w else 2 * self.k_block * ncols) * in_itemsize
+        o = self.out_bufs * self.m_tiles * ncols * out_itemsize
+        a = 2 * self.m_tiles * ncols * addend_itemsize
         return x + w + o + a
 
     def traffic_bytes(self, m: int, k: int, n: int, itemsize: int) -> int:
         """HBM->SBUF bytes of x and w for one [m, k] x [k, n] product (re-reads included)."""
         m_groups = math.ceil(math.ceil(m / STATIONARY_FMAX) / self.m_tiles)
         n_groups = math.ceil(math.ceil(n / MOVING_FMAX) / self.n_tiles)
-        return (m * k * n_groups + k * n * m_groups) * itemsize
+        return (m * k * n_groups + k * n * (1 if self.resident_w else m_groups)) * itemsize
 
 
 def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int, *,
-                  addend: bool = False, sbuf_budget: int = SBUF_BYTES_PER_PARTITION // 2) -> MatmulTiling:
+                  addend: bool = False, sbuf_bytes: int = SBUF_TRN2) -> MatmulTiling:
     """Pick group and block sizes for products with up to ``rows`` output rows per call.
 
     Uses all 8 PSUM banks for a group (fewest re-reads), biased towards whole row blocks
-    (x re-read less), then the largest K block (fewer, larger DMAs) whose double buffers
-    fit ``sbuf_budget`` bytes per partition (half of SBUF by default, leaving room for the
-    caller's own buffers).
+    (x re-read less); keeps the weight resident when it fits; then the largest K block
+    (fewer, larger DMAs) within ``SBUF_SHARE`` of ``sbuf_bytes`` per partition (the
+    target chip's capacity).
     """
     m_t = min(math.ceil(rows / STATIONARY_FMAX), PSUM_BANKS)
     n_t = min(math.ceil(n / MOVING_FMAX), max(1, PSUM_BANKS // m_t))
     m_t = min(m_t, PSUM_BANKS // n_t)
     kt = math.ceil(k / PMAX)
     a_size = in_itemsize if addend else 0
-    for kb in (8, 4, 2, 1):
-        t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=n_t)
-        if t.sbuf_bytes(in_itemsize, out_itemsize, a_size) <= sbuf_budget:
-            return t
+    budget = int(sbuf_bytes * SBUF_SHARE)
+    for resident in (True, False):
+        for kb in (8, 4, 2, 1):
+            t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=n_t, resident_w=resident)
+            if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget:
+                return t
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
     raise AssertionError(f"matmul tiling for rows={rows}, k={k}, n={n} needs "
-                         f"{t.sbuf_bytes(in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "
-                         f"> budget {sbuf_budget}")
+                         f"{t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "
+                         f"> budget {budget} ({SBUF_SHARE:.0%} of {sbuf_bytes})")
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,8 @@ class RowBlock:
     """One row block of a pipeline call: ``out[m, n] (+)= x_t[K, m].T @ w``.
 
     ``x_t`` and ``out`` (and ``addend``) are HBM tensors or views; ``addend``, when given,
-    is added to the product before the cast to ``out``'s dtype.
+    is added to the product before the cast to ``out``'s dtype. With a call's ``x_sbuf``,
+    ``x_t`` is None: the rows are columns of that SBUF tile.
     """
 
     x_t: Any
@@ -162,7 +169,25 @@ class RowBlock:
 
     @property
     def rows(self) -> int:
-        return self.x_t.shape[1]
+        return self.out.shape[0]
+
+
+def pack_rows(blocks: Sequence[RowBlock]) -> list[list[tuple[RowBlock, int, int, int]]]:
+    """The rows of ``blocks`` in order, packed into stationary tiles of up to 128 rows:
+    per tile, pieces ``(block, first row, rows, row offset in the tile)``."""
+    tiles: list[list[tuple[RowBlock, int, int, int]]] = [[]]
+    used = 0
+    for b in blocks:
+        r0 = 0
+        while r0 < b.rows:
+            if used == STATIONARY_FMAX:
+                tiles.append([])
+                used = 0
+            rs = min(b.rows - r0, STATIONARY_FMAX - used)
+            tiles[-1].append((b, r0, rs, used))
+            used += rs
+            r0 += rs
+    return tiles if tiles[0] else []
 
 
 class MatmulPipeline:
@@ -181,50 +206,48 @@ class MatmulPipeline:
     def __init__(self, k: int, n: int, in_dtype: Any, out_dtype: Any, tiling: MatmulTiling,
                  addend_dtype: Any = None, name: str = "mm") -> None:
         self.k, self.n, self.t, self.name = k, n, tiling, name
-        self.in_dtype, self.out_dtype = in_dtype, out_dtype
         self.k_tiles = tile_spans(k, PMAX)
-        self.k_blocks = [self.k_tiles[i:i + tiling.k_block] for i in range(0, len(self.k_tiles), tiling.k_block)]
-        kb, mcols, ncols = tiling.k_block, tiling.m_tiles * STATIONARY_FMAX, tiling.n_tiles * MOVING_FMAX
-        ncols = min(ncols, n)
+        kb = tiling.k_block
+        self.k_blocks = [(i, self.k_tiles[i:i + kb]) for i in range(0, len(self.k_tiles), kb)]
+        self.ncols = min(tiling.n_tiles * MOVING_FMAX, n)
+        mcols = tiling.m_tiles * STATIONARY_FMAX
         self.x_bufs = [nl.ndarray((PMAX, kb, mcols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_x{i}")
                        for i in range(2)]
-        self.w_bufs = [nl.ndarray((PMAX, kb, ncols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_w{i}")
-                       for i in range(2)]
+        if tiling.resident_w:
+            self.w_res = nl.ndarray((PMAX, len(self.k_tiles), n), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_w")
+        else:
+            self.w_bufs = [nl.ndarray((PMAX, kb, self.ncols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_w{i}")
+                           for i in range(2)]
         self.psum = [nl.ndarray((STATIONARY_FMAX, MOVING_FMAX), dtype=nl.float32, buffer=nl.psum,
                                 name=f"{name}_ps{i}") for i in range(PSUM_BANKS)]
-        self.o_bufs = [nl.ndarray((STATIONARY_FMAX, MOVING_FMAX), dtype=out_dtype, buffer=nl.sbuf,
+        mt = tiling.m_tiles
+        self.o_bufs = [nl.ndarray((STATIONARY_FMAX, mt, self.ncols), dtype=out_dtype, buffer=nl.sbuf,
                                   name=f"{name}_o{i}") for i in range(tiling.out_bufs)]
         self.a_bufs = []
         if addend_dtype is not None:
-            self.a_bufs = [nl.ndarray((STATIONARY_FMAX, MOVING_FMAX), dtype=addend_dtype, buffer=nl.sbuf,
-                                      name=f"{name}_a{i}") for i in range(2 * tiling.m_tiles * tiling.n_tiles)]
-        self._xi = self._wi = self._pi = self._oi = self._ai = self._iter = 0
+            self.a_bufs = [nl.ndarray((STATIONARY_FMAX, mt, self.ncols), dtype=addend_dtype, buffer=nl.sbuf,
+                                      name=f"{name}_a{i}") for i in range(2)]
+        self._xi = self._wi = self._pi = self._oi = self._ai = self._ev = self._iter = 0
+        self._loaded: set = set()
+        self._x_sbuf: Any = None
+        self._w_key: Any = None
         self._pending: Any = None
         self._hook: Any = None
+        self._on_evac: Any = None
         self._side: list = []
         self._due: list = []
 
-    def _tiles(self, blocks: Sequence[RowBlock]) -> list:
-        tiles = []
-        for b in blocks:
-            assert tuple(b.x_t.shape) == (self.k, b.rows), (
-                f"{self.name}: x_t block shape {tuple(b.x_t.shape)} != ({self.k}, rows)")
-            assert tuple(b.out.shape) == (b.rows, self.n), (
-                f"{self.name}: out block shape {tuple(b.out.shape)} != ({b.rows}, {self.n})")
-            assert b.addend is None or self.a_bufs, f"{self.name}: addend given but no addend_dtype"
-            tiles += [(b, r0, rs) for r0, rs in tile_spans(b.rows, STATIONARY_FMAX)]
-        return tiles
-
     def iterations(self, rows: Sequence[int]) -> int:
         """K-block iterations of one call over row blocks of the given sizes."""
-        m_tiles = sum(-(-r // STATIONARY_FMAX) for r in rows)
+        m_tiles = -(-sum(rows) // STATIONARY_FMAX)
         n_tiles = -(-self.n // MOVING_FMAX)
         groups = -(-m_tiles // self.t.m_tiles) * -(-n_tiles // self.t.n_tiles)
         return groups * len(self.k_blocks)
 
     def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
                  side: Sequence[tuple[Any, Any]] = (), late: Sequence[tuple[Any, Any]] = (),
-                 hook: Any = None, flush: bool = True) -> None:
+                 hook: Any = None, flush: bool = True, w_key: Any = None, x_sbuf: Any = None,
+                 on_evac: Any = None) -> None:
         """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
 
         The evacuation of a group (PSUM -> SBUF -> HBM) is emitted after the next group's
@@ -232,21 +255,35 @@ class MatmulPipeline:
         last matmul would otherwise hold back the next group's loads.
 
         ``n_outer``: loop column groups outside row groups, so that output columns complete
-        left to right (the reduce-scatter sends column pieces as they complete); the HBM
-        traffic is the same either way. ``side``: (dst, src) DMA copies spread evenly over the
-        first half of the call's K-block iterations (a big copy issued at once would hold
-        the matmul's loads back); ``late``: the same over the second half (for copies whose
-        data arrives during the call). ``hook``: called once, after the first group's first loads and
-        the previous call's last evacuation (the reduce-scatter sends the previous step's
-        last piece there). ``flush=False`` leaves the last group's evacuation pending until
-        the next call or `flush` (the caller must not read those outputs before).
+        left to right (the reduce-scatter sends column pieces as they complete). ``side``:
+        (dst, src) DMA copies, or callables that emit instructions (ring sends), spread
+        evenly over the first half of the call's K-block iterations (a big copy issued at
+        once would hold the matmul's loads back);
+        ``late``: the same over the second half (for copies whose data arrives during the
+        call). ``hook``: called once, after the first group's first loads and the previous
+        call's last evacuation (the reduce-scatter sends the previous step's last piece
+        there). ``flush=False`` leaves the last group's evacuation pending until the next
+        call or `flush` (the caller must not read those outputs before). ``w_key``: names
+        the weight for a resident tiling (a call with another key reloads it). ``x_sbuf``:
+        x already on chip, a [128, K tiles, rows] tile in this pipeline's K layout
+        (`k_major_copies`), the blocks' rows being its columns in order; no x loads.
+        ``on_evac(n0, ncols)``: called after each group's evacuation is emitted.
         """
         assert tuple(w.shape) == (self.k, self.n), (
             f"{self.name}: weight shape {tuple(w.shape)} != ({self.k}, {self.n})")
-        tiles = self._tiles(blocks)
-        n_tiles = tile_spans(self.n, MOVING_FMAX)
+        if w_key != self._w_key:
+            self._loaded, self._w_key = set(), w_key
+        tiles = pack_rows(blocks)
+        for b in blocks:
+            assert x_sbuf is not None or tuple(b.x_t.shape) == (self.k, b.rows), (
+                f"{self.name}: x_t block shape {tuple(b.x_t.shape)} != ({self.k}, rows)")
+            assert tuple(b.out.shape) == (b.rows, self.n), (
+                f"{self.name}: out block shape {tuple(b.out.shape)} != ({b.rows}, {self.n})")
+            assert b.addend is None or self.a_bufs, f"{self.name}: addend given but no addend_dtype"
+        assert len({b.addend is None for b in blocks}) <= 1, f"{self.name}: addend on some blocks only"
+        n_spans = tile_spans(self.n, MOVING_FMAX)
         mgs = [tiles[i:i + self.t.m_tiles] for i in range(0, len(tiles), self.t.m_tiles)]
-        ngs = [n_tiles[j:j + self.t.n_tiles] for j in range(0, len(n_tiles), self.t.n_tiles)]
+        ngs = [n_spans[j:j + self.t.n_tiles] for j in range(0, len(n_spans), self.t.n_tiles)]
         pairs = [(a, b) for b in ngs for a in mgs] if n_outer else [(a, b) for a in mgs for b in ngs]
         iters = len(pairs) * len(self.k_blocks)
         half = max(1, iters // 2)
@@ -255,10 +292,14 @@ class MatmulPipeline:
         due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
         self._side, self._due, self._iter = list(side) + list(late), due, 0
         self._hook = hook
-        for mg, ng in pairs:
-            self._group(mg, ng, w)
-        for dst, src in self._side:
-            nisa.dma_copy(dst=dst, src=src, name=f"{self.name}_side")
+        if x_sbuf is not None:
+            want = (PMAX, len(self.k_tiles), sum(b.rows for b in blocks))
+            assert tuple(x_sbuf.shape) == want, f"{self.name}: x_sbuf shape {tuple(x_sbuf.shape)} != {want}"
+        self._x_sbuf = x_sbuf
+        for mi, (mg, ng) in enumerate(pairs):
+            self._group(mg, ng, w, (mi // len(ngs) if not n_outer else mi % len(mgs)) * self.t.m_tiles)
+        for item in self._side:
+            self._emit_side(item)
         self._side = []
         if self._hook is not None:
             self.flush()
@@ -273,92 +314,172 @@ class MatmulPipeline:
             pending, self._pending = self._pending, None
             pending()
 
-    def _group(self, mts: list, nts: list, w: Any) -> None:
+    def _emit_side(self, item: Any) -> None:
+        if callable(item):
+            item()
+        else:
+            nisa.dma_copy(dst=item[0], src=item[1], name=f"{self.name}_side")
+
+    def _load(self, dst: Any, src: Any, what: str) -> None:
+        nisa.dma_copy(dst=dst, src=src, name=f"{self.name}_{what}")
+
+    def _load_block(self, buf: Any, slot0: int, tiles: list, src: Any, c0: int, cols: int, what: str) -> None:
+        """Rows of K block ``tiles`` of ``src`` (columns c0..c0+cols) into ``buf`` slots from slot0."""
+        if len(tiles) > 1 and all(ks == PMAX for _, ks in tiles):
+            k0 = tiles[0][0]
+            kb = len(tiles)
+            self._load(buf[0:PMAX, slot0:slot0 + kb, c0:c0 + cols],
+                       k_interleaved(src[k0:k0 + kb * PMAX], kb), what)
+            return
+        for j, (k0, ks) in enumerate(tiles):
+            self._load(buf[0:ks, slot0 + j, c0:c0 + cols], src[k0:k0 + ks], what)
+
+    def k_major_copies(self, dst: Any, src: Any) -> list[tuple[Any, Any]]:
+        """(dst, src) DMA copies that put ``src`` [K, cols] (HBM) into ``dst`` [128, K tiles,
+        cols] (SBUF) in this pipeline's K layout, one per K block."""
+        cols = src.shape[1]
+        out = []
+        for t0, tiles in self.k_blocks:
+            if len(tiles) > 1 and all(ks == PMAX for _, ks in tiles):
+                k0, kb = tiles[0][0], len(tiles)
+                out.append((dst[0:PMAX, t0:t0 + kb, 0:cols], k_interleaved(src[k0:k0 + kb * PMAX], kb)))
+            else:
+                out += [(dst[0:ks, t0 + j, 0:cols], src[k0:k0 + ks]) for j, (k0, ks) in enumerate(tiles)]
+        return out
+
+    def _group(self, mts: list, nts: list, w: Any, tile0: int = 0) -> None:
         n0 = nts[0][0]
         ncols = nts[-1][0] + nts[-1][1] - n0
-        # x segments: consecutive row tiles of one block load with one DMA per K tile.
+        # x segments: consecutive rows of one block in consecutive stationary columns load together
         segs: list[list[Any]] = []
-        for slot, (b, r0, rs) in enumerate(mts):
-            if segs and segs[-1][0] is b and segs[-1][2] + segs[-1][3] == r0:
-                segs[-1][3] += rs
-            else:
-                segs.append([b, slot, r0, rs])
+        for a, tile in enumerate(mts):
+            for b, r0, rs, off in tile:
+                col = a * STATIONARY_FMAX + off
+                if segs and segs[-1][0] is b and segs[-1][1] + segs[-1][2] == r0 and segs[-1][3] + segs[-1][2] == col:
+                    segs[-1][2] += rs
+                else:
+                    segs.append([b, r0, rs, col])
         ps = [[self.psum[(self._pi + a * len(nts) + c) % PSUM_BANKS] for c in range(len(nts))]
               for a in range(len(mts))]
         self._pi += len(mts) * len(nts)
-        adds: dict = {}
-        for bi, kblock in enumerate(self.k_blocks):
-            xb = self.x_bufs[self._xi % 2]
-            wb = self.w_bufs[self._wi % 2]
-            self._xi += 1
-            self._wi += 1
-            for j, (k0, ks) in enumerate(kblock):
-                for b, slot, r0, rs in segs:
-                    c = slot * STATIONARY_FMAX
-                    nisa.dma_copy(dst=xb[0:ks, j, c:c + rs], src=b.x_t[k0:k0 + ks, r0:r0 + rs],
-                                  name=f"{self.name}_ld_x")
-                nisa.dma_copy(dst=wb[0:ks, j, 0:ncols], src=w[k0:k0 + ks, n0:n0 + ncols],
-                              name=f"{self.name}_ld_w")
+        adds: Any = None
+        for bi, (t0, kblock) in enumerate(self.k_blocks):
+            if self._x_sbuf is not None:
+                xb, xslot, xc0 = self._x_sbuf, t0, tile0 * STATIONARY_FMAX
+            else:
+                xb, xslot, xc0 = self.x_bufs[self._xi % 2], 0, 0
+                self._xi += 1
+                for b, r0, rs, col in segs:
+                    self._load_block(xb, 0, kblock, b.x_t[:, r0:r0 + rs], col, rs, "ld_x")
+            if self.t.resident_w:
+                wb, wslot, wc0 = self.w_res, t0, n0
+                if (t0, n0) not in self._loaded:
+                    self._loaded.add((t0, n0))
+                    self._load_block(self.w_res, t0, kblock, w[:, n0:n0 + ncols], n0, ncols, "ld_w")
+            else:
+                wb, wslot, wc0 = self.w_bufs[self._wi % 2], 0, 0
+                self._wi += 1
+                self._load_block(wb, 0, kblock, w[:, n0:n0 + ncols], 0, ncols, "ld_w")
             while self._side and self._due[0] <= self._iter:
-                dst, src = self._side.pop(0)
                 self._due.pop(0)
-                nisa.dma_copy(dst=dst, src=src, name=f"{self.name}_side")
+                self._emit_side(self._side.pop(0))
             self._iter += 1
             if bi == 0:
                 self.flush()
                 if self._hook is not None:
                     self._hook()
                     self._hook = None
-                adds = self._load_addends(mts, nts)
+                adds = self._load_addends(mts, n0, ncols)
             for j, (k0, ks) in enumerate(kblock):
                 first = bi == 0 and j == 0
-                for a, (_, _, rs) in enumerate(mts):
-                    c = a * STATIONARY_FMAX
+                for a, tile in enumerate(mts):
+                    rows = sum(p[2] for p in tile)
+                    c = xc0 + a * STATIONARY_FMAX
                     for cc, (c0, cs) in enumerate(nts):
-                        nisa.nc_matmul(ps[a][cc][0:rs, 0:cs], xb[0:ks, j, c:c + rs],
-                                       wb[0:ks, j, c0 - n0:c0 - n0 + cs], accumulate=not first,
+                        col = c0 - n0 + wc0
+                        nisa.nc_matmul(ps[a][cc][0:rows, 0:cs], xb[0:ks, xslot + j, c:c + rows],
+                                       wb[0:ks, wslot + j, col:col + cs], accumulate=not first,
                                        name=f"{self.name}_mm")
-        self._pending = lambda: self._evacuate(mts, nts, ps, adds)
+        on_evac = self._on_evac
+        self._pending = lambda: self._evacuate(mts, nts, ps, adds, on_evac)
 
-    def _load_addends(self, mts: list, nts: list) -> dict:
-        adds = {}
-        if not any(b.addend is not None for b, _, _ in mts):
-            return adds
-        base = (self._ai % 2) * self.t.m_tiles * self.t.n_tiles
-        self._ai += 1
-        for a, (b, r0, rs) in enumerate(mts):
-            for c, (c0, cs) in enumerate(nts):
-                if b.addend is not None:
-                    t = self.a_bufs[base + a * len(nts) + c]
-                    nisa.dma_copy(dst=t[0:rs, 0:cs], src=b.addend[r0:r0 + rs, c0:c0 + cs], name=f"{self.name}_ld_add")
-                    adds[(a, c)] = t
-        return adds
-
-    def _evacuate(self, mts: list, nts: list, ps: list, adds: dict) -> None:
-        for a, (b, r0, rs) in enumerate(mts):
-            for c, (c0, cs) in enumerate(nts):
-                o = self.o_bufs[self._oi % len(self.o_bufs)]
-                self._oi += 1
-                if (a, c) in adds:
-                    nisa.tensor_tensor(o[0:rs, 0:cs], ps[a][c][0:rs, 0:cs], adds[(a, c)][0:rs, 0:cs],
-                                       op=nl.add, name=f"{self.name}_evac_add")
+    def _runs(self, mts: list) -> list[tuple[Any, int, int, int, int]]:
+        """The group's row pieces as ``(block, first row, rows, tile, tiles)``: consecutive
+        whole tiles of one block make one run (one DMA through a [128, tiles, cols] pattern),
+        any other piece is a run of its own (``tiles`` 0, ``rows`` its rows at offset
+        ``first row``; see `_transfer`)."""
+        runs: list[list[Any]] = []
+        for a, tile in enumerate(mts):
+            for b, r0, rs, off in tile:
+                whole = rs == STATIONARY_FMAX
+                last = runs[-1] if runs else None
+                if whole and last and last[4] and last[0] is b and last[1] + last[2] == r0 and last[3] + last[4] == a:
+                    last[2] += rs
+                    last[4] += 1
                 else:
-                    nisa.tensor_copy(o[0:rs, 0:cs], ps[a][c][0:rs, 0:cs], name=f"{self.name}_evac")
-                nisa.dma_copy(dst=b.out[r0:r0 + rs, c0:c0 + cs], src=o[0:rs, 0:cs], name=f"{self.name}_st")
+                    runs.append([b, r0, rs, a, 1 if whole else 0, off])
+        return [tuple(r) for r in runs]
+
+    def _transfer(self, hbm: Any, sb: Any, run: tuple, n0: int, ncols: int, to_hbm: bool, what: str) -> None:
+        """One DMA between rows of an HBM view and the staging tile ``sb`` [128, m_tiles, ncols]."""
+        _, r0, rs, a, tiles, off = run
+        if tiles:
+            view = hbm[r0:r0 + rs, n0:n0 + ncols]
+            (s0, _), (s1, _) = view.get_pattern()
+            h = view.ap([[s0, STATIONARY_FMAX], [STATIONARY_FMAX * s0, tiles], [s1, ncols]])
+            s = sb[0:STATIONARY_FMAX, a:a + tiles, 0:ncols]
+        else:
+            h, s = hbm[r0:r0 + rs, n0:n0 + ncols], sb[off:off + rs, a, 0:ncols]
+        nisa.dma_copy(dst=h if to_hbm else s, src=s if to_hbm else h, name=f"{self.name}_{what}")
+
+    def _load_addends(self, mts: list, n0: int, ncols: int) -> Any:
+        if not mts or mts[0][0][0].addend is None:
+            return None
+        t = self.a_bufs[self._ai % len(self.a_bufs)]
+        self._ai += 1
+        for run in self._runs(mts):
+            self._transfer(run[0].addend, t, run, n0, ncols, False, "ld_add")
+        return t
+
+    def _evacuate(self, mts: list, nts: list, ps: list, adds: Any, on_evac: Any = None) -> None:
+        n0 = nts[0][0]
+        ncols = nts[-1][0] + nts[-1][1] - n0
+        o = self.o_bufs[self._oi % len(self.o_bufs)]
+        self._oi += 1
+        for a, tile in enumerate(mts):
+            rows = sum(p[2] for p in tile)
+            for c, (c0, cs) in enumerate(nts):
+                dst, src = o[0:rows, a, c0 - n0:c0 - n0 + cs], ps[a][c][0:rows, 0:cs]
+                if adds is not None:
+                    nisa.tensor_tensor(dst, src, adds[0:rows, a, c0 - n0:c0 - n0 + cs], op=nl.add,
+                                       name=f"{self.name}_evac_add")
+                else:
+                    # alternate engines: the copies of one group run two at a time
+                    eng = nisa.vector_engine if self._ev % 2 == 0 else nisa.scalar_engine
+                    self._ev += 1
+                    nisa.tensor_copy(dst, src, engine=eng, name=f"{self.name}_evac")
+        for run in self._runs(mts):
+            self._transfer(run[0].out, o, run, n0, ncols, True, "st")
+        if on_evac is not None:
+            on_evac(n0, ncols)
 
 
 @nki.jit
-def matmul(x_t, w):
+def matmul(x_t, w, sbuf_bytes=SBUF_TRN2):
     """The undecomposed matmul Y = X @ W on one rank (the T_mm baseline of the overlap kernels).
+
+    Dimensions:
+        K contraction, M rows, N columns.
 
     Args:
         x_t: [K, M], X transposed (K-major), HBM. w: [K, N], HBM, same dtype.
+        sbuf_bytes: SBUF bytes per partition of the target chip.
 
     Returns:
         Y: [M, N] in w's dtype, shared HBM, via one `MatmulPipeline` over all M rows.
     """
     k, m, n = matmul_operands(x_t, w)
     y = nl.ndarray((m, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
-    tiling = choose_tiling(m, k, n, x_t.dtype.itemsize, w.dtype.itemsize)
+    tiling = choose_tiling(m, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
     MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="mm")([RowBlock(x_t, y)], w)
     return y

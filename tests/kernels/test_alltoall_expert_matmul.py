@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trnopt.kernels.alltoall_expert_matmul import (alltoall_expert_matmul, alltoall_expert_matmul_reference,
-                                                   alltoall_expert_matmul_timings, alltoall_reference,
-                                                   expert_alltoall, grouped_expert_matmul, moe_reference,
-                                                   pack_dispatch, unpack_combine)
-from trnopt.kernels.sim import LinkModel, TensorSpec, run_ranks
+from trnopt.kernels.alltoall_expert_matmul import alltoall_expert_matmul, expert_alltoall, grouped_expert_matmul
+from trnopt.kernels.references import alltoall_expert_matmul_reference, alltoall_reference, moe_reference
+from trnopt.kernels.routing import pack_dispatch, unpack_combine
+from trnopt.kernels.sim import TensorSpec, run_ranks
 
 # Ragged: H and F are not multiples of 128 / 512, C not of anything.
 S, EL, H, C, F = 2, 2, 150, 10, 200
@@ -129,10 +128,3 @@ def test_production_tiles_fit(dtypes):
     args = [(TensorSpec((2, 2, 1, 16384, 32), dt), TensorSpec((1, 16384, 1024), dt))] * 2
     res = _run(alltoall_expert_matmul, args, ((0, 1),), numerics=False)
     assert res.timeline.total_s > 0
-
-
-def test_timings_helper(dtypes):
-    t = alltoall_expert_matmul_timings(tokens=256, h=256, f=256, ep=4, dtype=dtypes["bf16"],
-                                       link=LinkModel(256e9, 1.5e-6), n_sub=2)
-    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] > 0
-    assert t["speedup"] == pytest.approx((t["t_mm"] + t["t_cc"]) / t["t_f"])

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trnopt.kernels.matmul_reduce_scatter import (matmul_reduce_scatter, matmul_reduce_scatter_reference,
-                                                  matmul_reduce_scatter_timings, reduce_scatter_reference,
-                                                  reduce_scatter_ring)
-from trnopt.kernels.sim import LinkModel, TensorSpec, run_ranks
+from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter, reduce_scatter_ring
+from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference
+from trnopt.kernels.sim import TensorSpec, run_ranks
 
 # Ragged: K_shard, M_shard and N are not multiples of their tiles (128, 128, 512).
 K, MS, N = 150, 100, 600
@@ -114,10 +113,3 @@ def test_production_tiles_fit_sbuf_and_psum(dtypes):
     args = [(TensorSpec((1024, 1024), dt), TensorSpec((1024, 16384), dt))] * 2
     res = _run(matmul_reduce_scatter, args, ((0, 1),), numerics=False, channels=2)
     assert res.timeline.busy_s["Tensor"] > 0.8 * res.timeline.total_s
-
-
-def test_timings_helper(dtypes):
-    t = matmul_reduce_scatter_timings(m=1024, k=256, n=1024, tp=4, dtype=dtypes["bf16"],
-                                      link=LinkModel(256e9, 1.5e-6), channels=1)
-    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] >= t["t_mm"]
-    assert t["hidden_fraction"] == pytest.approx(1 - (t["t_f"] - t["t_mm"]) / t["t_cc"])

@@ -1,0 +1,74 @@
+"""Ring helpers shared by the collective kernels: replica groups, channels and chunk offsets.
+
+Semantics from the "nki.collectives" pages (NKI 0.7): a ReplicaGroup is a list of
+disjoint rank-lists, the order of a rank-list is the ring order; on channel c of
+``collective_permute_implicit`` every rank sends to its ring successor and receives from
+its predecessor (the simulator runs even channels forward and odd channels backward, the
+two directions of a torus ring); ``collective_permute_implicit_current_processing_rank_id``
+names the rank whose data is in hand after i steps.
+
+Offsets of rank-dependent chunks are formed from the ring position, never by indexing a
+Python list with a rank id: on hardware the rank id is a scalar register, and the offset
+of a chunk is register arithmetic (position * chunk size) fed to a dynamic access
+pattern. `position_after` gives that arithmetic (it works on ints and on registers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from trnopt.kernels.nki_api import ncc, nl
+from trnopt.kernels.tiling import split_rows
+
+
+def replica_group(groups: Sequence[Sequence[int]], channels: int, what: str):
+    """``(ReplicaGroup, ring size)`` for a ring kernel ``what``, asserting rank-lists of equal
+    size and ``channels`` in (1, 2)."""
+    sizes = {len(g) for g in groups}
+    assert len(sizes) == 1, f"{what}: replica groups must have equal sizes, got {[len(g) for g in groups]}"
+    assert channels in (1, 2), f"{what}: channels must be 1 or 2, got {channels}"
+    return ncc.ReplicaGroup([list(g) for g in groups]), sizes.pop()
+
+
+def one_program(what: str) -> None:
+    """Assert one program per rank (LNC 1): the kernels split no work over two cores yet."""
+    assert nl.num_programs() == 1, f"{what} runs one program per rank (LNC 1), got {nl.num_programs()}"
+
+
+def ring_setup(groups: Sequence[Sequence[int]], channels: int, what: str):
+    """``(replica group, ring size, this rank's ring position)``; see `replica_group`.
+
+    The position comes from the ring itself: after i steps on channel 0 a rank holds the
+    data of the rank i places before it, so the position is found without indexing the
+    rank-list by a rank id (`my_position`)."""
+    one_program(what)
+    rg, tp = replica_group(groups, channels, what)
+    return rg, tp, my_position(groups, tp)
+
+
+def my_position(groups: Sequence[Sequence[int]], tp: int) -> Any:
+    """This rank's position in its rank-list, from ``ncc.rank_id()``.
+
+    The position is the same in every rank-list that holds the rank; rank-lists are
+    data the kernel was built with, so the lookup is one compare-and-add per entry
+    (register ALU: ``sum((rank == r) * i)``), valid for ints and registers alike."""
+    me = ncc.rank_id()
+    pos = 0
+    for g in groups:
+        for i, r in enumerate(g):
+            if i:
+                pos = pos + (me == r) * i
+    return pos
+
+
+def position_after(pos: Any, steps: int, tp: int, channel: int) -> Any:
+    """Ring position of the data in hand after ``steps`` hops on ``channel`` (even: from the
+    predecessor, odd: from the successor), as ``(pos -/+ steps) mod tp``."""
+    step = -steps if channel % 2 == 0 else steps
+    return (pos + step % tp) % tp
+
+
+def channel_halves(rows: int, channels: int, what: str) -> list[tuple[int, int]]:
+    """Rows of a chunk per channel: ``[(offset, rows), ...]``, halves for two channels."""
+    assert rows >= channels, f"{what}: M_shard={rows} rows cannot be split over {channels} channels"
+    return split_rows(rows, channels)

@@ -1,0 +1,72 @@
+"""The overlap harness: registry entries, the timer's ratios, and its numerics check."""
+
+from __future__ import annotations
+
+import pytest
+
+from trnopt.kernels.overlap import REGISTRY, hidden_fraction, measure, speedup
+from trnopt.kernels.sim import LinkModel
+
+LINK = LinkModel(256e9, 1.5e-6)
+
+
+def test_registry_names_every_part():
+    assert set(REGISTRY) == {"allgather_matmul", "matmul_reduce_scatter", "alltoall_expert_matmul"}
+    for name, e in REGISTRY.items():
+        assert e.name == name and e.fused.__name__ == name
+        assert callable(e.reference) and e.collective is not e.fused and e.baseline is not e.fused
+
+
+def test_unknown_kernel_says_what_is_known():
+    with pytest.raises(KeyError, match="known:"):
+        REGISTRY["nope"]
+
+
+def test_allgather_timings(dtypes):
+    t = measure("allgather_matmul", {"m": 1024, "k": 512, "n": 512}, tp=4, dtype=dtypes["bf16"],
+                link=LINK, channels=2).as_dict()
+    assert set(t) >= {"t_mm", "t_cc", "t_f", "hidden_fraction", "speedup"}
+    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] >= t["t_mm"]
+    assert t["hidden_fraction"] == pytest.approx(1 - (t["t_f"] - t["t_mm"]) / t["t_cc"])
+    assert t["speedup"] == pytest.approx((t["t_mm"] + t["t_cc"]) / t["t_f"])
+    assert t["numerics"] is False
+
+
+def test_reduce_scatter_timings(dtypes):
+    t = measure("matmul_reduce_scatter", {"m": 1024, "k": 256, "n": 1024}, tp=4, dtype=dtypes["bf16"],
+                link=LINK, channels=1).as_dict()
+    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] >= t["t_mm"]
+    assert t["hidden_fraction"] == pytest.approx(1 - (t["t_f"] - t["t_mm"]) / t["t_cc"])
+
+
+def test_expert_timings(dtypes):
+    t = measure("alltoall_expert_matmul", {"tokens": 256, "h": 256, "f": 256, "n_sub": 2}, tp=4,
+                dtype=dtypes["bf16"], link=LINK).as_dict()
+    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] > 0
+    assert t["speedup"] == pytest.approx((t["t_mm"] + t["t_cc"]) / t["t_f"])
+
+
+@pytest.mark.parametrize("kernel,shape", [
+    ("allgather_matmul", {"m": 256, "k": 200, "n": 96}),
+    ("matmul_reduce_scatter", {"m": 256, "k": 130, "n": 300}),
+    ("alltoall_expert_matmul", {"tokens": 64, "h": 130, "f": 96, "n_sub": 2}),
+])
+def test_numerics_check_against_the_reference(kernel, shape, dtypes):
+    r = measure(kernel, shape, tp=4, dtype=dtypes["fp32"], link=LINK, channels=2, numerics=True)
+    assert r.ok is True and r.max_err < 1e-5
+
+
+def test_numerics_check_catches_a_wrong_reference(monkeypatch, dtypes):
+    from trnopt.kernels import references
+    real = references.allgather_matmul_reference
+    monkeypatch.setattr(references, "allgather_matmul_reference", lambda *a, **k: 2 * real(*a, **k))
+    r = measure("allgather_matmul", {"m": 256, "k": 200, "n": 96}, tp=2, dtype=dtypes["fp32"], link=LINK,
+                numerics=True)
+    assert r.ok is False
+
+
+def test_ratio_formulas():
+    assert hidden_fraction(10, 4, 11) == pytest.approx(0.75)
+    assert speedup(10, 4, 11) == pytest.approx(14 / 11)
+    with pytest.raises(AssertionError, match="T_cc must be > 0"):
+        hidden_fraction(1, 0, 1)
