@@ -245,6 +245,117 @@ LIB_CASES: list[Case] = [
 ]
 
 
+def ref_rope_hf(q, k, cos, sin):
+    def rot(x):
+        h = x.shape[-1] // 2
+        return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    c, s_ = cos[:, None].astype(np.float64), sin[:, None].astype(np.float64)
+    return tuple(x.astype(np.float64) * c + rot(x.astype(np.float64)) * s_ for x in (q, k))
+
+
+def _topk_input(rng: np.random.Generator, t: int = 8, k: int = 2, h: int = 128, pad: int = 4) -> np.ndarray:
+    rows = np.zeros((t * k + pad, h + 2), BF16)
+    order = rng.permutation(t * k)
+    vals = rng.integers(-4, 5, (t * k, h)).astype(np.float32)
+    rows[:t * k, :h] = vals[order].astype(BF16)
+    idx = np.repeat(np.arange(t, dtype=np.int32), k)[order]
+    rows[:t * k, h:] = idx.view(np.uint16).reshape(-1, 2).view(BF16)
+    rows[t * k:, h:] = np.full((pad,), -1, np.int32).view(np.uint16).reshape(-1, 2).view(BF16)
+    return rows
+
+
+def ref_topk_reduce(x, t, k):
+    h = x.shape[1] - 2
+    idx = x[:, h:].view(np.uint16).reshape(-1).view(np.int32)
+    out = np.zeros((t, h), np.float64)
+    for r, i in enumerate(idx):
+        if 0 <= i < t:
+            out[i] += x[r, :h].astype(np.float64)
+    return out
+
+
+def ref_ce_backward(logits, targets, scale):
+    z = logits.astype(np.float64)
+    p_ = np.exp(z - z.max(1, keepdims=True))
+    p_ /= p_.sum(1, keepdims=True)
+    p_[np.arange(z.shape[0]), targets] -= 1
+    return p_ * scale
+
+
+def _ce_bwd_inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+    logits = rng.standard_normal((64, 4096)).astype(np.float32)
+    targets = rng.integers(0, 4096, 64).astype(np.int32)
+    z = logits.astype(np.float64)
+    lse = (np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)).astype(np.float32)
+    return (logits, targets, lse), {"reduction": "mean", "positions_per_batch": 32, "chunk_size": 4096,
+                                    "dtype": np.dtype(np.float32), "inplace": False}
+
+
+LIB_CASES += [
+    _lib("core/embeddings/rope_hf.py", "rope_hf",
+         lambda rng, r: ((_f32(1, 2, 128, 64)(rng), _f32(1, 1, 128, 64)(rng), np.zeros((1, 2, 128, 64), np.float32),
+                          np.zeros((1, 1, 128, 64), np.float32), _f32(1, 128, 64)(rng), _f32(1, 128, 64)(rng)), {}),
+         lambda a, kw, r, al: ref_rope_hf(a[0], a[1], a[4], a[5]), rtol=1e-4, atol=1e-4),
+    _lib("core/output_projection/output_projection_tkg.py", "output_projection_tkg",
+         lambda rng, r: ((_f32(64, 2, 2, 1)(rng), _f32(128, 512)(rng)), {}),
+         lambda a, kw, r, al: np.einsum("dbns,ndh->bsh", a[0].astype(np.float64),
+                                        a[1].reshape(2, 64, 512).astype(np.float64)).reshape(2, 512),
+         rtol=1e-3, atol=1e-3),
+    _lib("core/output_projection/output_projection_cte/output_projection_cte.py", "output_projection_cte",
+         lambda rng, r: ((_f32(1, 2, 64, 128)(rng), _f32(128, 512)(rng)), {}),
+         lambda a, kw, r, al: np.einsum("bnds,ndh->bsh", a[0].astype(np.float64),
+                                        a[1].reshape(2, 64, 512).astype(np.float64)), rtol=1e-3, atol=1e-3),
+    _lib("experimental/loss/cross_entropy.py", "cross_entropy_backward", _ce_bwd_inputs,
+         lambda a, kw, r, al: ref_ce_backward(a[0], a[1], 1.0 / a[0].shape[0]), rtol=1e-3, atol=1e-6, lnc=2),
+    _lib("experimental/collectives/topk_reduce.py", "topk_reduce", lambda rng, r: ((_topk_input(rng), 8, 2), {}),
+         lambda a, kw, r, al: ref_topk_reduce(*a), rtol=1e-2, atol=1e-2),
+    _lib("experimental/collectives/fgcc.py", "allgather_compute_matmul",
+         lambda rng, r: ((rng.integers(-2, 3, (128, 256)).astype(BF16), rng.integers(-2, 3, (256, 128)).astype(BF16),
+                          4, 1), {}),
+         lambda a, kw, r, al: _gathered(al).astype(np.float64) @ a[1].astype(np.float64), ranks=4, lnc=2,
+         rtol=1e-2, atol=1e-2, post=lambda o: o.reshape(-1, o.shape[-1])),
+]
+
+def ref_attention(q, k, v, causal=True):
+    """softmax(q k^T [causal]) v per batch; q (b, s, d), k (b, d, s), v (b, s, d)."""
+    s_ = np.einsum("bqd,bdk->bqk", q.astype(np.float64), k.astype(np.float64))
+    if causal:
+        n = s_.shape[1]
+        s_ = np.where(np.tril(np.ones((n, s_.shape[2]), bool)), s_, -np.inf)
+    p_ = np.exp(s_ - s_.max(-1, keepdims=True))
+    p_ /= p_.sum(-1, keepdims=True)
+    return np.einsum("bqk,bkd->bqd", p_, v.astype(np.float64))
+
+
+def _no_inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+    return (), {}
+
+
+LIB_CASES += [
+    _lib("core/attention/attention_cte.py", "attention_cte",
+         lambda rng, r: ((rng.standard_normal((1, 256, 64)).astype(BF16), rng.standard_normal((1, 64, 256)).astype(BF16),
+                          rng.standard_normal((1, 256, 64)).astype(BF16)), {"scale": 1.0}),
+         lambda a, kw, r, al: ref_attention(*a), rtol=2e-2, atol=2e-2),
+    # files that fail to import here: the case records the import error
+    _lib("core/mlp/mlp.py", "mlp", _no_inputs, None),
+    _lib("core/moe_block/moe_block_tkg.py", "moe_block_tkg", _no_inputs, None),
+    _lib("core/topk/rotational_topk.py", "rotational_topk", _no_inputs, None),
+    _lib("experimental/transformer/attention_block_tkg.py", "attention_block_tkg", _no_inputs, None),
+]
+
+MX = "needs NeuronCore-v4 MX matmul / quantization (nisa.nc_matmul_mx, quantize_mx): Trn3 hardware, not simulated"
+LIB_CASES += [_lib(path, k, None, None, hardware_only=MX) for path, k in [
+    ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx"),
+    ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid"),
+    ("core/moe/moe_cte/bwmm_shard_on_block_mx.py", "bwmm_shard_on_block_mx"),
+    ("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx"),
+    ("core/moe/moe_tkg/down_projection_mx.py", "load_broadcast_down_weight_scale_bias"),
+    ("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_projection_mx_shard_I"),
+    ("core/moe/moe_tkg/gate_up_projection_mx.py", "load_gate_up_weight_scale_bias"),
+    ("experimental/mxfp_subkernels/mxfp_load_utils.py", "mxfp_load_performance_wrapper"),
+]]
+
+
 def _rg(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
     return ncc.ReplicaGroup([list(range(n))])

@@ -49,10 +49,6 @@ def partition_dim(n: int, where: str, what: str) -> None:
                               f"tile dim 0 over the 128 partitions")
 
 
-def psum_banks(bytes_per_partition: int) -> int:
-    return max(1, math.ceil(bytes_per_partition / rates.PSUM_BANK_BYTES))
-
-
 def free_size(v: NkiTensor) -> int:
     """Elements per partition of the view."""
     p = v.partitions

@@ -221,7 +221,6 @@ def _group_collective(op: str, name: str | None, srcs: Any, dsts: Any, replica_g
     n, pos = len(ranks), ranks.index(ctx.rank)
     for s, d in zip(srcs, dsts):
         compute.check(s, d, n, w)
-    ctx.check_capacity(op, name)
     ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
     dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op,
                   (op, _sig(srcs), _sig(dsts)) + params, (ready, _data(ctx, srcs, op, name)))
@@ -337,7 +336,6 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
     if ctx.rank not in ranks:
         return NkiInstruction(op, name, 0.0, 0.0)
     _same_shape_check(srcs[0], dsts[0], 2, w)
-    ctx.check_capacity(op, name)
     ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
     dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op, (op, _sig(srcs), _sig(dsts), pairs),
                   (ready, _data(ctx, srcs, op, name)))
@@ -380,7 +378,6 @@ def _ring_step(ctx: Any, op: str, name: str | None, srcs_by_channel: list, dsts_
         for s in ss:
             if s.shape != d.shape:
                 raise ConstraintError(f"{w}: channel {chans[c]}: src shape {s.shape} != dst shape {d.shape}")
-    ctx.check_capacity(op, name)
     tl = ctx.timeline
     readies = [max(tl.ready(ss, [d]), tl.engine_free.get(f"CC{ch}", 0.0)) for ss, d, ch in zip(srcs, dsts, chans)]
     outgoing = None
@@ -483,7 +480,6 @@ def _v_collective(op: str, srcs: Any, dsts: Any, replica_group: Any, metadata_te
     if meta is None:
         meta = _metadata(ctx, metadata_tensor, 2 + int(recv_counts_known) + int(has_rdispls), w)
     src, dst = srcs[0], dsts[0]
-    ctx.check_capacity(op, name)
     ready = max(ctx.timeline.ready(srcs, dsts), ctx.timeline.engine_free.get("CC0", 0.0))
     flat = np.array(ctx.read(src, op, name, "src")).reshape(-1) if ctx.numerics else None
     dep = Deposit(ctx.who, f"{op}(name={name!r})" if name else op, (op, _sig(srcs), _sig(dsts)),
@@ -514,7 +510,7 @@ def _v_collective(op: str, srcs: Any, dsts: Any, replica_group: Any, metadata_te
             written[at:at + cnt] = True
             at += cnt
         ctx.write(dst, out.reshape(dst.shape))
-        dst.written_mask()[...] = written.reshape(dst.shape)
+        dst.set_written(written.reshape(dst.shape))
         sent_elems = int(meta[0, :ctx.world].sum()) if op == "all_to_all_v" else int(meta[0, 0]) * (n - 1)
     dur = (n - 1) * ctx.link(0).latency_s + sent_elems * src.dtype.itemsize / ctx.link(0).bandwidth_Bps if n > 1 else 0.0
     return _finish(ctx, op, name, "CC0", start, start + dur, srcs, dsts, sent_elems * src.dtype.itemsize)

@@ -18,7 +18,7 @@ from .timeline import CoreTimeline
 
 
 class OnChipSpace:
-    """Addresses in one on-chip buffer (SBUF bytes per partition, or PSUM banks), first fit.
+    """Addresses in one on-chip buffer (bytes per partition of SBUF or PSUM), first fit.
 
     Memory reuse carries hazards: when an allocation is freed (its last view garbage
     collected), the latest end time of the instructions that read or wrote it is kept with
@@ -74,11 +74,12 @@ class CoreContext:
         self.shared_hbm = shared_hbm
         self._shared_seq = 0
         self.timeline = CoreTimeline(rank, program)
-        self.sbuf_used = 0
-        self.psum_banks = 0
+        self._span: dict[int, list] = {}  # on-chip alloc id -> [first, last access, buffer, bytes, label]
+        self._labels: list[str] = []  # "rank r, op(name)" of each instruction, in issue order
         self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
         self.inputs: set[int] = set()
-        self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit), MemoryRegion.psum: OnChipSpace(rates.PSUM_NUM_BANKS)}
+        self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit),
+                      MemoryRegion.psum: OnChipSpace(rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES)}
 
     @property
     def who(self) -> tuple[int, int]:
@@ -115,12 +116,7 @@ class CoreContext:
         if buffer.on_chip:
             nbytes = alloc.bytes_per_partition
             self.live[alloc.id] = (buffer, nbytes, alloc.label())
-            size = nbytes if buffer is MemoryRegion.sbuf else checks.psum_banks(nbytes)
-            if buffer is MemoryRegion.sbuf:
-                self.sbuf_used += nbytes
-            else:
-                self.psum_banks += size
-            free_at = self.space[buffer].place(alloc.id, size)
+            free_at = self.space[buffer].place(alloc.id, nbytes)
             if free_at > 0:
                 self.timeline.reserve(alloc.id, tuple((0, n) for n in shape), free_at)
             weakref.finalize(alloc, self._free, alloc.id)
@@ -131,11 +127,7 @@ class CoreContext:
     def _free(self, aid: int) -> None:
         entry = self.live.pop(aid, None)
         if entry is not None:
-            buffer, nbytes, _ = entry
-            if buffer is MemoryRegion.sbuf:
-                self.sbuf_used -= nbytes
-            else:
-                self.psum_banks -= checks.psum_banks(nbytes)
+            buffer = entry[0]
             self.space[buffer].release(aid, self.timeline.last_use(aid))
         self.timeline.forget(aid)
 
@@ -154,22 +146,34 @@ class CoreContext:
         return t
 
     # --- instructions --------------------------------------------------------------------------
-    def check_capacity(self, op: str, name: str | None) -> None:
-        """SBUF bytes and PSUM banks of the tensors alive when the instruction issues."""
-        if self.sbuf_used > self.sbuf_limit:
-            raise ConstraintError(
-                f"{self.where(op, name)}: SBUF over capacity: live tensors need {self.sbuf_used} bytes "
-                f"per partition > {self.sbuf_limit} ({self.sbuf_limit // 1024} KiB); largest: "
-                f"{self._largest(MemoryRegion.sbuf)}")
-        if self.psum_banks > rates.PSUM_NUM_BANKS:
-            raise ConstraintError(
-                f"{self.where(op, name)}: PSUM over capacity: live tensors need {self.psum_banks} banks "
-                f"of {rates.PSUM_BANK_BYTES} bytes per partition > {rates.PSUM_NUM_BANKS}; "
-                f"largest: {self._largest(MemoryRegion.psum)}")
-
-    def _largest(self, buffer: MemoryRegion) -> str:
-        items = sorted((v for v in self.live.values() if v[0] is buffer), key=lambda v: -v[1])[:4]
-        return ", ".join(f"{label} {n} B" for _, n, label in items)
+    def check_capacity(self) -> None:
+        """SBUF and PSUM bytes per partition at the busiest instruction of the program, counting
+        each on-chip tensor from its first to its last access (as the compiler allocates: a
+        tensor no later instruction touches takes no space, whatever Python still refers to).
+        Limits: SBUF ``sbuf_limit``; PSUM 8 banks of 2 KiB (tiles smaller than a bank share
+        one; a matmul result must fit in one bank, checks.matmul). Run when the program ends."""
+        limits = {MemoryRegion.sbuf: (self.sbuf_limit, f"{self.sbuf_limit // 1024} KiB"),
+                  MemoryRegion.psum: (rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES,
+                                      f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")}
+        for buffer, (limit, what) in limits.items():
+            spans = [sp for sp in self._span.values() if sp[2] is buffer]
+            if sum(sp[3] for sp in spans) <= limit:
+                continue
+            events = sorted([(sp[0], sp[3]) for sp in spans] + [(sp[1] + 1, -sp[3]) for sp in spans],
+                            key=lambda e: (e[0], e[1]))
+            used = peak = 0
+            at = -1
+            for seq, delta in events:
+                used += delta
+                if used > peak:
+                    peak, at = used, seq
+            if peak > limit:
+                live = sorted((sp for sp in spans if sp[0] <= at <= sp[1]), key=lambda sp: -sp[3])
+                largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
+                raise ConstraintError(
+                    f"{self._labels[at]}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
+                    f"partition > {limit} ({what}); {len(live)} tensors live from first to last use, largest: "
+                    f"{largest}")
 
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
         """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
@@ -198,15 +202,27 @@ class CoreContext:
     def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray) -> None:
         dst = v.array()
         dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
-        v.written_mask()[...] = np.asarray(mask).reshape(dst.shape)
+        v.set_written(np.asarray(mask).reshape(dst.shape))
 
     def write(self, v: NkiTensor, value: np.ndarray) -> None:
         dst = v.array()
         dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
-        v.written_mask()[...] = True
+        v.set_written(True)
 
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
-        """Symmetric-run and cross-program checks of an instruction's operands."""
+        """Liveness of on-chip operands (``check_capacity``), symmetric-run and cross-program
+        checks of an instruction's operands."""
+        seq = len(self._labels)
+        self._labels.append(self.where(op, name))
+        span = self._span
+        for v in reads + writes:
+            a = v.alloc
+            if a.buffer.on_chip:
+                sp = span.get(a.id)
+                if sp is None:
+                    span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]
+                else:
+                    sp[1] = seq
         if self.rendezvous.symmetric:
             for v in reads:
                 if v.lanes is not None:
@@ -220,7 +236,6 @@ class CoreContext:
     def issue(self, op: str, name: str | None, engine: str, duration: float,
               reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
         self.accesses(op, name, reads, writes)
-        self.check_capacity(op, name)
         tl = self.timeline
         start, end = tl.run(engine, duration, tl.ready(reads, writes), op, name)
         tl.record(reads, writes, end, end)
@@ -229,7 +244,6 @@ class CoreContext:
     def issue_dma(self, op: str, name: str | None, nbytes: int,
                   reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
         self.accesses(op, name, reads, writes)
-        self.check_capacity(op, name)
         tl = self.timeline
         start, end = tl.dma(nbytes, tl.ready(reads, writes), op, name)
         tl.record(reads, writes, end, end)

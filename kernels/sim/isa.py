@@ -414,15 +414,15 @@ _DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
     """``dst = src`` transposed by DMA: 2-D [1, 0], 3-D [2, 1, 0], 4-D [3, 1, 2, 0] (or ``axes``);
-    2-byte dtypes ("nki.isa.dma_transpose")."""
+    with dge_mode.hwdge 2-byte dtypes only ("nki.isa.dma_transpose")."""
     ctx = _ctx("dma_transpose")
     w = ctx.where("dma_transpose", name)
     dst, src = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(src, w, "src")
     perm = tuple(int(a) for a in axes) if axes is not None else _DMA_TRANSPOSE_AXES.get(src.ndim)
     if perm is None or sorted(perm) != list(range(src.ndim)):
         raise ConstraintError(f"{w}: cannot transpose a {src.ndim}-D src {src.shape} with axes {axes}")
-    if src.dtype.itemsize != 2:
-        raise ConstraintError(f"{w}: dma_transpose needs a 2-byte dtype, got {src.dtype.name}")
+    if dge_mode is globals()["dge_mode"].hwdge and src.dtype.itemsize != 2:
+        raise ConstraintError(f"{w}: a hardware-DGE dma_transpose needs a 2-byte dtype, got {src.dtype.name}")
     want = tuple(src.shape[a] for a in perm)
     if dst.size != src.size:
         raise ConstraintError(f"{w}: dst {dst.shape} must hold the transposed src {want}")

@@ -265,7 +265,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
         old = np.where(dst.written_mask(), dst.array().astype(np.float32), np.float32(0))
         new = o.value(s).reshape(dst.shape) if s is not None else np.float32(src)
         dst.array()[...] = np.where(pred, new, old).astype(dst.dtype)
-        dst.written_mask()[...] |= pred
+        dst.set_written(np.asarray(dst.written_mask()) | pred)
     return o.issue("Vector", checks.free_size(dst))
 
 
@@ -443,7 +443,8 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
         x = np.zeros((src.shape[0], t), np.float32)
         for p in live:
             x[p] = _flat(np.asarray(o.ctx.read(src[p:p + 1], o.op, name, f"src partition {p}")).astype(np.float32))[0]
-        view, mask = dst.array().reshape(dst.shape[0], -1), dst.written_mask().reshape(dst.shape[0], -1)
+        view = np.array(dst.array()).reshape(dst.shape[0], -1)
+        mask = np.array(dst.written_mask()).reshape(dst.shape[0], -1)
         for p in live:
             nz = np.flatnonzero(x[p] != 0)
             row = np.full(t + 1, int(padding_val), dtype=np.int64)
@@ -451,6 +452,8 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
             row[t] = nz.size
             view[p] = row.astype(dst.dtype)
             mask[p] = True
+        dst.array()[...] = view.reshape(dst.shape)
+        dst.set_written(mask.reshape(dst.shape))
     return o.issue("GpSimd", t)
 
 
@@ -493,7 +496,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
                     out[base + i] = x[base + m]
                     written[base + i] = xd[base + m]
         dst.array()[...] = out.reshape(dst.shape)
-        dst.written_mask()[...] = written.reshape(dst.shape)
+        dst.set_written(written.reshape(dst.shape))
     return o.issue("Vector", checks.free_size(src))
 
 

@@ -49,8 +49,43 @@ shared_hbm = MemoryRegion.shared_hbm
 hbm = MemoryRegion.private_hbm  # "nki.language": hbm is an alias of private_hbm
 
 
-class NKIObject:
-    """Base class of NKI objects (as in the reference)."""
+class _NKIObjectType(type):
+    """Instances of NKIObject classes accept their class attributes as keyword arguments,
+    also where ``@dataclass`` saw no annotated fields (``class P(nl.NKIObject): x = None``
+    then ``P(x=1)``), as kernels of nki-library construct them."""
+
+    _accepted: dict[type, tuple[bool, frozenset]] = {}
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs:
+            return super().__call__(*args)
+        acc = _NKIObjectType._accepted.get(cls)
+        if acc is None:
+            import inspect
+            try:
+                params = inspect.signature(cls.__init__).parameters
+            except (TypeError, ValueError):
+                params = {}
+            acc = (any(p.kind is p.VAR_KEYWORD for p in params.values()), frozenset(params))
+            _NKIObjectType._accepted[cls] = acc
+        var_kw, names = acc
+        known = {k: v for k, v in kwargs.items() if var_kw or k in names}
+        obj = super().__call__(*args, **known)
+        for k, v in kwargs.items():
+            if k not in known:
+                if not hasattr(cls, k):
+                    raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {k!r}")
+                setattr(obj, k, v)
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectType):
+    """Base class of NKI kernel dataclasses and configuration objects ("nki.language.NKIObject"):
+    keyword arguments set attributes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        for k, v in kwargs.items():
+            setattr(self, k, v)
 
 
 class _TileSize(NKIObject):

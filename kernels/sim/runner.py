@@ -272,6 +272,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
                 if isinstance(a, NkiTensor):
                     ctx.inputs.add(a.alloc.id)
             out = fn(*args, **kw)
+            ctx.check_capacity()
             _check_outputs(out, ctx)
             results[who] = out
         except _Aborted:

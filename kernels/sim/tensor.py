@@ -110,7 +110,7 @@ class NkiTensor:
     integer index. Both serve the dependency tracking of the timeline (``box``).
     """
 
-    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes")
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype")
 
     def __init__(self, alloc: Allocation, offset: int = 0,
                  pattern: tuple[tuple[int, int], ...] | None = None,
@@ -127,6 +127,7 @@ class NkiTensor:
         self._box: tuple[tuple[int, int], ...] | None = None
         self._shape = tuple([c for _, c in pattern])
         self.lanes: tuple[int, ...] | None = None  # every rank's offset (symmetric run, rank-dependent view)
+        self._dtype: np.dtype | None = None  # a reinterpreting view: offset and pattern count these elements
 
     # --- attributes of the reference NkiTensor ---------------------------------------------
     @property
@@ -135,7 +136,7 @@ class NkiTensor:
 
     @property
     def dtype(self) -> np.dtype:
-        return self.alloc.dtype
+        return self.alloc.dtype if self._dtype is None else self._dtype
 
     @property
     def buffer(self) -> MemoryRegion:
@@ -169,7 +170,7 @@ class NkiTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.size * self.alloc.dtype.itemsize
+        return self.size * self.dtype.itemsize
 
     def get_pattern(self) -> list[list[int]]:
         """The view's access pattern as [[stride, count], ...]."""
@@ -248,6 +249,10 @@ class NkiTensor:
             if ad >= 0:
                 fixed.append((ad, first + idx * step))
         view = NkiTensor(self.alloc, offset, tuple(pattern), tuple(dims), tuple(fixed))
+        view._dtype = self._dtype
+        if self._dtype is not None:
+            view._dims = tuple((-1, 0, 1) for _ in pattern)
+            view._box = tuple((0, n) for n in self.alloc.shape)
         if dyn or self.lanes is not None:
             view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
             view._set_lanes(self, offset, lane_terms, "slice")
@@ -284,14 +289,14 @@ class NkiTensor:
         if vector_offset is not None:
             raise NotImplementedError(f"{w}: ap(vector_offset=...) (per-partition indirect access, NKI 0.7) "
                                       f"is not simulated")
-        if dtype is not None and np.dtype(dtype) != self.dtype:
-            raise NotImplementedError(f"{w}: ap(dtype={np.dtype(dtype).name}) reinterpreting a "
-                                      f"{self.dtype.name} tensor (NKI 0.7) is not simulated; only the tensor's "
-                                      f"own dtype is")
+        new_dtype = self._reinterpret_dtype(dtype, w) if dtype is not None else self._dtype
         pat = tuple((int(s), int(c)) for s, c in pattern)
         if any(c <= 0 for _, c in pat):
             raise ConstraintError(f"{w}: pattern {list(map(list, pat))} has a count <= 0")
-        off = self.offset + (0 if offset is None else int(offset))
+        base_offset = self.offset
+        if new_dtype != self._dtype:  # the offsets count elements of the new dtype
+            base_offset = base_offset * self.dtype.itemsize // np.dtype(new_dtype or self.alloc.dtype).itemsize
+        off = base_offset + (0 if offset is None else int(offset))
         dynamic = scalar_offset is not None
         lane_terms: list[tuple[int, ...]] = []
         if dynamic:
@@ -305,12 +310,18 @@ class NkiTensor:
                 lane_terms = [tuple((v - idx) * stride for v in scalar_offset.lanes)]
         lo = off + sum(min(0, s * (c - 1)) for s, c in pat)
         hi = off + sum(max(0, s * (c - 1)) for s, c in pat)
-        if lo < 0 or hi >= self.alloc.size:
+        limit = self.alloc.size if new_dtype is None else \
+            self.alloc.size * self.alloc.dtype.itemsize // np.dtype(new_dtype).itemsize
+        if lo < 0 or hi >= limit:
             raise ConstraintError(
                 f"{w}: .ap(pattern={list(map(list, pat))}, offset={off}) reaches elements "
                 f"[{lo}, {hi}] outside tensor {self.alloc.label()} of {self.alloc.size} elements "
                 f"(shape {self.alloc.shape})")
         view = NkiTensor(self.alloc, off, pat)
+        if new_dtype is not None:
+            view._dtype = np.dtype(new_dtype) if np.dtype(new_dtype) != self.alloc.dtype else None
+            if view._dtype is not None:
+                view._box = tuple((0, n) for n in self.alloc.shape)
         if (dynamic and not isinstance(scalar_offset, (int, np.integer))) or self.lanes is not None:
             view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
             view._set_lanes(self, off, lane_terms, ".ap")
@@ -335,6 +346,9 @@ class NkiTensor:
                                           tuple(self._dims[d] for d in dims), self._fixed))
 
     def _same_lanes(self, view: "NkiTensor") -> "NkiTensor":
+        view._dtype = self._dtype
+        if self._dtype is not None:
+            view._box = tuple((0, n) for n in self.alloc.shape)
         if self.lanes is not None:
             view.lanes = self.lanes
             view._box = tuple((0, n) for n in self.alloc.shape)
@@ -430,12 +444,36 @@ class NkiTensor:
         merged = (group[-1][0], math.prod(c for _, c in group))
         return self._dims_view(list(self.pattern[:a]) + [merged] + list(self.pattern[b + 1:]), "flatten_dims")
 
+    def _reinterpret_dtype(self, dtype: Any, w: str) -> np.dtype:
+        new = np.dtype(dtype)
+        total = self.alloc.size * self.alloc.dtype.itemsize
+        if total % new.itemsize or (new.itemsize % self.alloc.dtype.itemsize and
+                                    self.alloc.dtype.itemsize % new.itemsize):
+            raise ConstraintError(f"{w}: cannot reinterpret {self.alloc.dtype.name} storage of {total} bytes "
+                                  f"as {new.name}")
+        return new
+
     def view(self, dtype: Any) -> "NkiTensor":
-        """The same storage as ``dtype`` (only the tensor's own dtype is simulated)."""
-        if np.dtype(dtype) != self.dtype:
-            raise NotImplementedError(f"{here()}: NkiTensor.view({np.dtype(dtype).name}) reinterpreting a "
-                                      f"{self.dtype.name} tensor (NKI 0.7) is not simulated")
-        return self
+        """The same storage read as ``dtype``: the last dim (contiguous) scales by the ratio of
+        the itemsizes ("NkiTensor.view": no data is copied)."""
+        w = here("NkiTensor.view")
+        new = self._reinterpret_dtype(dtype, w)
+        if new == self.dtype:
+            return self
+        old = self.dtype.itemsize
+        if self.ndim == 0 or self.pattern[-1][0] != 1:
+            raise ConstraintError(f"{w}: the last dim must be contiguous to reinterpret, pattern {self.get_pattern()}")
+        last = self.pattern[-1][1] * old
+        if last % new.itemsize or (self.offset * old) % new.itemsize or \
+                any((s * old) % new.itemsize for s, _ in self.pattern[:-1]):
+            raise ConstraintError(f"{w}: a view of shape {self.shape} {self.dtype.name} does not align to "
+                                  f"{new.name} elements")
+        pat = tuple((s * old // new.itemsize, c) for s, c in self.pattern[:-1]) + ((1, last // new.itemsize),)
+        out = NkiTensor(self.alloc, self.offset * old // new.itemsize, pat)
+        out._dtype = new if new != self.alloc.dtype else None
+        out._box = tuple((0, n) for n in self.alloc.shape)
+        out.lanes = self.lanes
+        return out
 
     reinterpret_cast = view
 
@@ -495,10 +533,35 @@ class NkiTensor:
 
     def array(self) -> np.ndarray:
         """A writable numpy view of the data (numerics mode only)."""
-        return self._strided(self.alloc.data)
+        if self._dtype is None:
+            return self._strided(self.alloc.data)
+        new = self._dtype
+        raw = self.alloc.data.view(np.uint8).view(f"u{new.itemsize}")
+        return self._strided(raw).view(new) if not new.isbuiltin else self._strided(raw.view(new))
+
+    def _old_index(self) -> np.ndarray:
+        """For a reinterpreting view: the allocation elements each view element covers."""
+        old, new = self.alloc.dtype.itemsize, self._dtype.itemsize
+        idx = self._strided(np.arange(self.alloc.size * old // new, dtype=np.int64))
+        if new >= old:
+            r = new // old
+            return idx[..., None] * r + np.arange(r)
+        return (idx * new // old)[..., None]
 
     def written_mask(self) -> np.ndarray:
-        return self._strided(self.alloc.written)
+        """Which elements of the view some instruction wrote (a copy for reinterpreting views)."""
+        if self._dtype is None:
+            return self._strided(self.alloc.written)
+        return self.alloc.written[self._old_index()].all(axis=-1)
+
+    def set_written(self, value: Any) -> None:
+        """Record the view's elements where ``value`` is True as written."""
+        if self._dtype is None:
+            self._strided(self.alloc.written)[...] = value
+            return
+        oi = self._old_index()
+        sel = np.broadcast_to(np.asarray(value, dtype=bool).reshape(self.shape)[..., None], oi.shape)
+        self.alloc.written[oi[sel]] = True
 
     # --- dependency box ---------------------------------------------------------------------
     def box(self) -> tuple[tuple[int, int], ...]:

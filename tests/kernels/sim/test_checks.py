@@ -30,8 +30,23 @@ def matmul_shapes(k, m, n):
 
 @nki.jit
 def psum_nine_banks():
+    """Nine full PSUM banks in use at once: each is written, then all are read."""
     tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
-    nisa.memset(dst=tiles[0], value=0.0)
+    for t in tiles:
+        nisa.memset(dst=t, value=0.0)
+    sb = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    for t in tiles:
+        nisa.tensor_copy(dst=sb, src=t)
+
+
+@nki.jit
+def psum_tiles_never_used_together():
+    """Nine PSUM tiles referenced from Python, but each used alone: the compiler reuses the space."""
+    tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
+    sb = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    for t in tiles:
+        nisa.memset(dst=t, value=0.0)
+        nisa.tensor_copy(dst=sb, src=t)
 
 
 @nki.jit
@@ -40,6 +55,7 @@ def sbuf_two_big_tiles():
     b = nl.ndarray((128, 60000), dtype=nl.bfloat16, buffer=nl.sbuf, name="b")
     nisa.memset(dst=a, value=0.0)
     nisa.memset(dst=b, value=0.0)
+    nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
 
 
 @nki.jit
@@ -143,8 +159,9 @@ def test_matmul_contraction_over_128() -> None:
 
 
 def test_psum_over_8_banks() -> None:
-    with pytest.raises(ConstraintError, match=r"memset: PSUM over capacity: live tensors need 9 banks of 2048"):
+    with pytest.raises(ConstraintError, match=r"memset: PSUM over capacity: live tensors need 18432 bytes per partition > 16384 \(8 banks of 2048"):
         sim(psum_nine_banks)
+    sim(psum_tiles_never_used_together)
 
 
 def test_sbuf_over_224_kib_and_trn3_figure() -> None:

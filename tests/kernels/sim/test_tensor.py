@@ -101,6 +101,7 @@ def test_ap_offset_none_keeps_the_views_offset_and_own_dtype_is_accepted() -> No
     np.testing.assert_array_equal(v.ap([[8, 2], [1, 8]], offset=None).array(), ref[1:3])
     np.testing.assert_array_equal(v.ap([[8, 1], [1, 8]], offset=8).array(), ref[2:3])
     np.testing.assert_array_equal(v.ap([[8, 2], [1, 8]], dtype=np.float32).array(), ref[1:3])
-    with pytest.raises(NotImplementedError, match=r"ap\(dtype=bfloat16\) reinterpreting a float32 tensor"):
-        import ml_dtypes
-        v.ap([[8, 2], [1, 8]], dtype=ml_dtypes.bfloat16)
+    # another dtype reinterprets the storage; offsets and strides count the new elements
+    halves = t.ap([[16, 4], [1, 16]], dtype=np.uint16).array()
+    np.testing.assert_array_equal(halves, ref.view(np.uint16).reshape(4, 16))
+    np.testing.assert_array_equal(t[1:3, 2:6].view(np.uint16).array(), ref[1:3, 2:6].view(np.uint16))
