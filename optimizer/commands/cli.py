@@ -12,11 +12,11 @@ import os
 import sys
 
 from trnopt.kernels import command as kernels_command
-from trnopt.optimizer.commands import catalog, checkmap, compare, evaluate, solve
+from trnopt.optimizer.commands import calibrate, catalog, checkmap, compare, evaluate, launch, solve
 from trnopt.optimizer.commands import map as map_command
 from trnopt.optimizer.errors import InfeasibleError, InputError, one_line
 
-COMMANDS = (catalog, evaluate, solve, compare, map_command, checkmap, kernels_command)
+COMMANDS = (catalog, evaluate, solve, compare, map_command, checkmap, launch, calibrate, kernels_command)
 
 
 class Parser(argparse.ArgumentParser):

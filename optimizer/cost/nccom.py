@@ -1,0 +1,381 @@
+"""nccom-test output: the parser, the alpha-beta fit, and what a run measures on a target.
+
+nccom-test (Neuron's collective benchmark, "NCCOM-TEST User Guide") prints one row per
+message size under the header ``size(B) count(elems) type time(us) algbw(GB/s)
+busbw(GB/s)`` (an ``algorithm`` column with --show-algorithm; ``time:avg`` / ``time:pNN``
+columns in place of ``time(us)`` in some releases) and the footer ``Avg bus bandwidth:
+X GB/s``. Per the guide, time is the P50 in microseconds, algbw = size / time in GiB/s
+although the column says GB/s, and busbw = algbw x 2(r-1)/r for all-reduce, x (r-1)/r
+for all-gather, reduce-scatter and all-to-all, x 1 for permute / send-receive (the
+nccl-tests "bus bandwidth" convention, NVIDIA nccl-tests doc/PERFORMANCE.md).
+
+The table does not say on how many ranks and nodes it ran; a file gives them in one of
+three ways (first match wins):
+
+1. a line ``# trnopt: op=all_reduce ranks=64 nodes=2 [ultraservers=1] [lnc=2]`` anywhere
+   before the table (``ultraservers``: how many scale-up domains the nodes span, default
+   as few as hold them; ``lnc``: the LNC nccom-test ran at, default the target's);
+2. the nccom-test command line as the tool's users paste it, e.g. the first line
+   ``# nccom-test -r 64 -N 2 -b 8 -e 1GB -f 2 -d fp32 allr`` (``$`` or ``#`` prefix and
+   ``VAR=value`` assignments allowed; ``-r/--nworkers``, ``-N/--nnodes``, the operation);
+3. the file name: ``<op>_r<ranks>_N<nodes>.txt``, e.g. ``allr_r64_N2.txt``.
+
+Nodes are taken in order, whole UltraServers first: nccom-test's -N nodes fill one
+domain's instances before the next domain's. Workers are divided equally across nodes and
+take each node's logical cores 0, 1, ... (so 16 ranks at LNC=2 are chips 0-3 of a Trn2
+instance: its torus x axis).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trnopt.optimizer.cost.collectives import Span, coefficients, levels
+from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.target import GIB, Axis, Target
+
+OPS = {"all_reduce": "all_reduce", "allr": "all_reduce", "all_gather": "all_gather", "allg": "all_gather",
+       "reduce_scatter": "reduce_scatter", "redsct": "reduce_scatter", "alltoall": "all_to_all",
+       "all_to_all": "all_to_all", "permute": "p2p", "sendrecv": "p2p"}
+DTYPE_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "fp16": 2, "bf16": 2, "uint32": 4, "int32": 4,
+               "fp32": 4, "fp8": 1, "fp8e4": 1, "fp8e5": 1}
+MIN_SIZES = 3
+
+
+class MeasurementError(InputError):
+    """A malformed measurement file: ``FILE:LINE: rule`` (exit 2)."""
+
+    def __init__(self, path: str, line: int, rule: str):
+        super().__init__(path, str(line), rule)
+        Exception.__init__(self, f"{self.source}:{line}: {self.rule}")
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """busbw / algbw: 2(r-1)/r all-reduce; (r-1)/r all-gather, reduce-scatter, all-to-all; 1 point-to-point."""
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Row:
+    line: int
+    size: int
+    """Bytes per rank: the buffer (all-reduce), the gathered output (all-gather), the unreduced input."""
+    time_s: float
+    algbw: float
+    busbw: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """One nccom-test table: an operation on ``ranks`` ranks over ``nodes`` instances."""
+
+    path: str
+    op: str
+    """The cost model's name: all_reduce, all_gather, reduce_scatter, all_to_all or p2p."""
+    ranks: int
+    nodes: int
+    domains: int | None
+    """Scale-up domains the nodes span (None: as few as hold them)."""
+    lnc: int | None
+    """The LNC nccom-test ran at (None: the target's default)."""
+    header_line: int
+    """The line that gave the operation, ranks and nodes (for error messages)."""
+    rows: tuple[Row, ...]
+
+
+# -- parsing -------------------------------------------------------------------------------------
+def _shape_from_header(lines: list[str]) -> tuple[dict, int]:
+    """Keys found in a ``# trnopt:`` line or an nccom-test command line, and that line's number."""
+    for n, raw in enumerate(lines, 1):
+        text = raw.strip().lstrip("#$ ").strip()
+        if text.startswith("trnopt:"):
+            found = {}
+            for item in text[len("trnopt:"):].split():
+                key, eq, value = item.partition("=")
+                if not eq or key not in ("op", "ranks", "nodes", "ultraservers", "lnc"):
+                    raise MeasurementError("", n, f"expected key=value with key op, ranks, nodes, ultraservers or "
+                                           f"lnc, got {item!r}")
+                found[key] = value
+            return found, n
+        if "nccom-test" in text:
+            try:
+                words = shlex.split(text)
+            except ValueError:
+                words = text.split()
+            words = words[words.index(next(w for w in words if w.endswith("nccom-test"))) + 1:]
+            found, i = {}, 0
+            while i < len(words):
+                w = words[i]
+                if w in ("-r", "--nworkers", "-N", "--nnodes") and i + 1 < len(words):
+                    found["ranks" if w in ("-r", "--nworkers") else "nodes"] = words[i + 1]
+                    i += 2
+                    continue
+                if w in OPS:
+                    found["op"] = w
+                i += 1
+            return found, n
+    return {}, 1
+
+
+def _int_value(path: str, line: int, key: str, value: str) -> int:
+    if not re.fullmatch(r"\d+", str(value)) or int(value) < 1:
+        raise MeasurementError(path, line, f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def parse(text: str, path: str) -> Run:
+    """One nccom-test output; MeasurementError naming the file, the line and the rule."""
+    lines = text.splitlines()
+    try:
+        shape, at = _shape_from_header(lines)
+    except MeasurementError as exc:
+        raise MeasurementError(path, int(exc.key), exc.rule) from None
+    name = Path(path).name
+    m = re.search(r"(?:^|[_.-])r(\d+)(?:[_.-]N(\d+))?(?:[_.-]|$)", name)
+    if "ranks" not in shape and m:
+        shape["ranks"], shape["nodes"] = m.group(1), m.group(2) or "1"
+    if "op" not in shape:
+        op = next((o for o in sorted(OPS, key=len, reverse=True) if re.match(rf"{o}(?:[_.-]|$)", name)), None)
+        if op:
+            shape["op"] = op
+    if "ranks" not in shape or "op" not in shape:
+        raise MeasurementError(path, at, "rank count or operation not given: start the file with the command "
+                               "(# nccom-test -r 64 -N 2 ... allr), a '# trnopt: op=all_reduce ranks=64 nodes=2' "
+                               "line, or name it like allr_r64_N2.txt")
+    if shape["op"] not in OPS:
+        raise MeasurementError(path, at, f"unknown operation {shape['op']!r}; one of {', '.join(sorted(OPS))}")
+    op = OPS[shape["op"]]
+    ranks = _int_value(path, at, "ranks", shape["ranks"])
+    nodes = _int_value(path, at, "nodes", shape.get("nodes", "1"))
+    if ranks % nodes:
+        raise MeasurementError(path, at, f"{ranks} ranks do not divide equally over {nodes} nodes")
+    if ranks < 2:
+        raise MeasurementError(path, at, "a collective needs at least 2 ranks")
+    domains = _int_value(path, at, "ultraservers", shape["ultraservers"]) if "ultraservers" in shape else None
+    lnc = _int_value(path, at, "lnc", shape["lnc"]) if "lnc" in shape else None
+    rows = _table(lines, path, op, ranks)
+    return Run(path, op, ranks, nodes, domains, lnc, at, tuple(rows))
+
+
+def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
+    start = next((n for n, raw in enumerate(lines, 1) if raw.split()[:1] == ["size(B)"]), None)
+    if start is None:
+        raise MeasurementError(path, len(lines) or 1, "no nccom-test table: expected a header line starting "
+                               "with size(B)")
+    cols = lines[start - 1].split()
+    need = {"size(B)", "count(elems)", "type", "algbw(GB/s)", "busbw(GB/s)"}
+    times = [c for c in cols if re.fullmatch(r"time(:(avg|p\d+))?(\(us\))?", c)]
+    if not need <= set(cols) or not times:
+        missing = sorted(need - set(cols)) or ["time(us)"]
+        raise MeasurementError(path, start, f"header lacks {', '.join(missing)}")
+    time_col = next((c for c in times if c.startswith("time(")), None) or \
+        next((c for c in times if "avg" in c), times[0])
+    idx = {c: cols.index(c) for c in (*need, time_col)}
+    rows, footer, factor = [], None, bus_factor(op, ranks)
+    for n in range(start + 1, len(lines) + 1):
+        raw = lines[n - 1].strip()
+        if not raw:
+            continue
+        if raw.startswith("Avg bus bandwidth"):
+            m = re.search(r":\s*([0-9.]+)\s*GB/s", raw)
+            if m is None:
+                raise MeasurementError(path, n, "expected 'Avg bus bandwidth: <number>GB/s'")
+            footer = (n, float(m.group(1)))
+            break
+        words = raw.split()
+        if len(words) != len(cols):
+            raise MeasurementError(path, n, f"expected {len(cols)} columns ({' '.join(cols)}), got {len(words)}"
+                                   + (" (a failed benchmark row)" if "Failure" in raw else ""))
+        rows.append(_row(path, n, words, idx, time_col, factor))
+    if footer is None:
+        raise MeasurementError(path, len(lines), "no 'Avg bus bandwidth' footer: the output is cut short")
+    if len({r.size for r in rows}) < MIN_SIZES:
+        raise MeasurementError(path, start, f"needs at least {MIN_SIZES} message sizes for the alpha-beta fit, "
+                               f"got {len({r.size for r in rows})}")
+    mean = sum(r.busbw for r in rows) / len(rows)
+    if abs(mean - footer[1]) > 0.01 + 0.01 * footer[1]:
+        raise MeasurementError(path, footer[0], f"Avg bus bandwidth {footer[1]:g} GB/s is not the mean of the "
+                               f"busbw column ({mean:.4f})")
+    return rows
+
+
+def _number(path: str, n: int, col: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise MeasurementError(path, n, f"{col} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise MeasurementError(path, n, f"{col} must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _row(path: str, n: int, words: list[str], idx: dict, time_col: str, factor: float) -> Row:
+    size_t, count_t, dtype = words[idx["size(B)"]], words[idx["count(elems)"]], words[idx["type"]]
+    if not size_t.isdigit() or not count_t.isdigit() or int(size_t) < 1:
+        raise MeasurementError(path, n, f"size(B) and count(elems) must be positive integers, got {size_t} {count_t}")
+    if dtype not in DTYPE_BYTES:
+        raise MeasurementError(path, n, f"unknown type {dtype!r}; one of {', '.join(DTYPE_BYTES)}")
+    size, count = int(size_t), int(count_t)
+    if size != count * DTYPE_BYTES[dtype]:
+        raise MeasurementError(path, n, f"size(B) {size} is not count(elems) {count} x {DTYPE_BYTES[dtype]} bytes "
+                               f"of {dtype}")
+    time_us = _number(path, n, time_col, words[idx[time_col]])
+    if time_us <= 0:
+        raise MeasurementError(path, n, f"{time_col} must be > 0")
+    algbw, busbw = (_number(path, n, c, words[idx[c]]) for c in ("algbw(GB/s)", "busbw(GB/s)"))
+    # algbw is size / time in GiB/s (the guide), rounded to 2 decimals from an unrounded time
+    # (tolerance: the 2-decimal rounding of both bandwidths and the whole-microsecond time)
+    expect = size / (time_us * 1e-6) / GIB
+    slack = 0.006 + expect * (0.01 + 0.6 / time_us)
+    if abs(algbw - expect) > slack and abs(algbw - expect * GIB / 1e9) > slack * GIB / 1e9:
+        raise MeasurementError(path, n, f"algbw {algbw:g} is not size / time = {expect:.3f} GiB/s")
+    if abs(busbw - algbw * factor) > 0.016 + 0.01 * busbw:
+        raise MeasurementError(path, n, f"busbw {busbw:g} is not algbw x {factor:.4g} for this operation and "
+                               "rank count")
+    return Row(n, size, time_us * 1e-6, algbw, busbw)
+
+
+def read_runs(path: str) -> list[Run]:
+    """Every nccom-test output in a file, or in the regular files of a directory (sorted by name)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+        if not files:
+            raise MeasurementError(path, 1, "directory holds no files")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise MeasurementError(path, 1, "no such file or directory")
+    runs = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MeasurementError(str(f), 1, f"cannot read ({exc})") from None
+        runs.append(parse(text, str(f)))
+    return runs
+
+
+# -- the alpha-beta fit --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fit:
+    """``t(S) = alpha + beta * S`` fitted on one run, with its error."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+    rms_rel_error: float
+    max_rel_error: float
+    points: int
+
+    def bus_bandwidth(self, op: str, ranks: int) -> float:
+        """Bytes/s of bus bandwidth the fit implies: bus factor / beta (the busbw of a large message)."""
+        return bus_factor(op, ranks) / self.beta_s_per_byte
+
+
+def fit_alpha_beta(sizes: list[float], times: list[float]) -> Fit:
+    """Weighted least squares of ``t = alpha + beta * S`` with weights 1 / t^2.
+
+    The Hockney (alpha-beta) model of a message's time (Hockney 1994; Thakur et al. 2005).
+    Weighting every residual by 1/t minimises the relative error, so that the small
+    messages, which carry alpha, count as much as the large ones, which carry beta.
+    Closed form of the 2x2 normal equations: with w = 1/t^2,
+    beta = (Sw Swxy - Swx Swy) / (Sw Swxx - Swx^2), alpha = (Swy - beta Swx) / Sw.
+    """
+    w = [1 / t**2 for t in times]
+    sw = sum(w)
+    swx = sum(wi * x for wi, x in zip(w, sizes))
+    swy = sum(wi * y for wi, y in zip(w, times))
+    swxx = sum(wi * x * x for wi, x in zip(w, sizes))
+    swxy = sum(wi * x * y for wi, x, y in zip(w, sizes, times))
+    det = sw * swxx - swx * swx
+    if det <= 0:
+        raise ValueError("the fit needs at least two distinct message sizes")
+    beta = (sw * swxy - swx * swy) / det
+    alpha = (swy - beta * swx) / sw
+    rel = [(alpha + beta * x - t) / t for x, t in zip(sizes, times)]
+    return Fit(alpha, beta, math.sqrt(sum(r * r for r in rel) / len(rel)), max(abs(r) for r in rel), len(rel))
+
+
+def fit_run(run: Run) -> Fit:
+    return fit_alpha_beta([r.size for r in run.rows], [r.time_s for r in run.rows])
+
+
+# -- what a run measures on a target -------------------------------------------------------------
+def effective(axis: Axis) -> Axis:
+    """The axis at its achievable bandwidth (bandwidth x achievable), as the cost model uses it."""
+    return replace(axis, bandwidth=axis.bandwidth * axis.achievable, achievable=1.0)
+
+
+def _inside(target: Target) -> list[int]:
+    """Per domain axis: how many of its positions one instance holds (chips fill axes fastest first)."""
+    out, below = [], 1
+    for a in target.domain_axes:
+        cpi = target.chips_per_instance
+        out.append(math.gcd(cpi // below, a.size) if below < cpi and cpi % below == 0 else 1)
+        below *= a.size
+    return out
+
+
+def run_domains(target: Target, run: Run) -> int:
+    return run.domains or -(-run.nodes // target.instances_per_domain)
+
+
+def run_span(target: Target, run: Run) -> tuple[Span, int]:
+    """(the span of the run's group on the target's axes at their achievable bandwidth, ranks per chip).
+
+    Each node's ranks take logical cores 0.. (chips fill the instance's axes fastest first);
+    the nodes of one domain take the axes' instance-changing positions; domains join over
+    the scale-out network. MeasurementError when the run does not fit the target.
+    """
+    lnc = run.lnc or target.chip.lnc_default
+    fail = lambda rule: MeasurementError(run.path, run.header_line, rule)  # noqa: E731
+    if lnc not in target.chip.lnc_allowed:
+        raise fail(f"LNC={lnc} is not allowed on {target.name}")
+    cpc = target.chip.logical_cores(lnc)
+    per_node, domains = run.ranks // run.nodes, run_domains(target, run)
+    if run.nodes % domains or run.nodes // domains > target.instances_per_domain:
+        raise fail(f"{run.nodes} nodes do not fill {domains} {target.name} domain(s) of "
+                   f"{target.instances_per_domain} instance(s) equally")
+    if (per_node <= cpc and cpc % per_node) or (per_node > cpc and per_node % cpc) or \
+            per_node > cpc * target.chips_per_instance:
+        raise fail(f"{per_node} ranks per node do not fill whole chips of {cpc} logical cores (LNC={lnc}) of one "
+                   f"{target.instance}")
+    factors = [1] * len(target.domain_axes)
+    for need, positions in ((max(1, per_node // cpc), _inside(target)),
+                            (run.nodes // domains, [a.size // i for a, i in zip(target.domain_axes, _inside(target))])):
+        for j, room in enumerate(positions):
+            f = math.gcd(need, room)
+            factors[j] *= f
+            need //= f
+        if need != 1:
+            raise fail(f"the run's chips and nodes do not tile the axes of {target.name}")
+    axes = target.axes(lnc, domains)
+    span = [(effective(axes[0]), min(per_node, cpc))] if min(per_node, cpc) > 1 else []
+    span += [(effective(a), f) for a, f in zip(axes[1:-1], factors) if f > 1]
+    if domains > 1:
+        span.append((effective(axes[-1]), domains))
+    return tuple(span), min(per_node, cpc)
+
+
+def measured_link(target: Target, run: Run) -> tuple[str, tuple[str, ...]]:
+    """(link class, names of the target's link tables) that bound the run: its outermost level's slowest kind."""
+    span, per_chip = run_span(target, run)
+    lv = levels(span, per_chip)[-1]
+    if lv.name == "chip":
+        return "core", ()
+    names = tuple(a.name for a, _ in span if a.kind == lv.link_class and a.level == lv.name)
+    return lv.link_class, names
+
+
+def model_time(target: Target, run: Run) -> tuple[float, float]:
+    """(seconds per byte, fixed seconds) the cost model gives the run's group on this target."""
+    span, per_chip = run_span(target, run)
+    return coefficients(run.op, span, per_chip)
