@@ -178,8 +178,9 @@ class CoreContext:
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
         """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
         tensor the rank's programs share, judged at the next barrier: see ``lnc``)."""
-        unwritten = ~v.written_mask()
-        if unwritten.any():
+        mask = v.written_mask()
+        if not mask.all():
+            unwritten = ~mask
             bad = np.argwhere(unwritten)
             msg = (f"{self.where(op, name)}: {role} reads {int(unwritten.sum())} of {v.size} elements of "
                    f"tensor {v.alloc.label()} ({v.buffer.name}, shape {v.alloc.shape}) that nothing has "
@@ -194,15 +195,18 @@ class CoreContext:
         """Data and written mask of ``v`` for an instruction that only moves data (a
         transpose): unwritten elements move along as unwritten, to be refused where they
         are used; a source with no written element at all is refused here."""
-        mask = np.array(v.written_mask())
+        mask = v.written_mask()
+        if mask.all():
+            return v.array(), None
         if not mask.any():
             self.read(v, op, name, role)
-        return np.array(v.array()), mask
+        return np.array(v.array()), np.array(mask)
 
-    def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray) -> None:
+    def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray | None) -> None:
+        """Write ``value``; ``mask`` (None: all) says which of its elements hold written data."""
         dst = v.array()
         dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
-        v.set_written(np.asarray(mask).reshape(dst.shape))
+        v.set_written(True if mask is None else np.asarray(mask).reshape(dst.shape))
 
     def write(self, v: NkiTensor, value: np.ndarray) -> None:
         dst = v.array()

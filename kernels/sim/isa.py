@@ -127,7 +127,7 @@ def _matmul_transpose(ctx, w, dst, stationary, moving, name):
             raise ConstraintError(f"{w}: is_transpose=True needs the identity [{k}, {k}] as moving, got "
                                   f"{moving.shape} that is not the identity")
         data, mask = ctx.read_moved(stationary, "nc_matmul", name, "stationary")
-        ctx.write_moved(dst, data.reshape(k, m).T, mask.reshape(k, m).T)
+        ctx.write_moved(dst, data.reshape(k, m).T, None if mask is None else mask.reshape(k, m).T)
     dur = rates.matmul_seconds(m, k, stationary.dtype)
     return _done("nc_matmul", name, ctx.issue("nc_matmul", name, "Tensor", dur, [stationary, moving], [dst]))
 
@@ -154,7 +154,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
             raise ConstraintError(f"{w}: transpose input free size {f} > {rates.GEMM_STATIONARY_FMAX}")
     if ctx.numerics:
         vals, mask = ctx.read_moved(data, "nc_transpose", name, "data")
-        ctx.write_moved(dst, vals.reshape(p, f).T, mask.reshape(p, f).T)
+        ctx.write_moved(dst, vals.reshape(p, f).T, None if mask is None else mask.reshape(p, f).T)
     if on_vector:
         dur, eng = rates.elementwise_seconds(f), "Vector"
     else:

@@ -487,7 +487,8 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
         raise ConstraintError(f"{o.w}: shuffle_mask must have 32 entries and src/dst the same dtype and free size")
     if o.ctx.numerics:
         vals, defined = o.ctx.read_moved(src, o.op, name, "src")  # moves data: unwritten stays unwritten
-        x, xd = _flat(vals), _flat(defined)
+        x = _flat(vals)
+        xd = np.ones(x.shape, bool) if defined is None else _flat(defined)
         out = np.array(dst.array()).reshape(dst.shape[0], -1)
         written = np.array(dst.written_mask()).reshape(dst.shape[0], -1)
         for base in range(0, dst.shape[0], 32):

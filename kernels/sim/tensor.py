@@ -110,7 +110,7 @@ class NkiTensor:
     integer index. Both serve the dependency tracking of the timeline (``box``).
     """
 
-    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype")
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype", "_dyn")
 
     def __init__(self, alloc: Allocation, offset: int = 0,
                  pattern: tuple[tuple[int, int], ...] | None = None,
@@ -128,6 +128,7 @@ class NkiTensor:
         self._shape = tuple([c for _, c in pattern])
         self.lanes: tuple[int, ...] | None = None  # every rank's offset (symmetric run, rank-dependent view)
         self._dtype: np.dtype | None = None  # a reinterpreting view: offset and pattern count these elements
+        self._dyn = False  # the offset depends on a runtime value: the dependency box is the whole tensor
 
     # --- attributes of the reference NkiTensor ---------------------------------------------
     @property
@@ -253,7 +254,8 @@ class NkiTensor:
         if self._dtype is not None:
             view._dims = tuple((-1, 0, 1) for _ in pattern)
             view._box = tuple((0, n) for n in self.alloc.shape)
-        if dyn or self.lanes is not None:
+        if dyn or self._dyn or self.lanes is not None:
+            view._dyn = True
             view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
             view._set_lanes(self, offset, lane_terms, "slice")
         return view
@@ -322,7 +324,8 @@ class NkiTensor:
             view._dtype = np.dtype(new_dtype) if np.dtype(new_dtype) != self.alloc.dtype else None
             if view._dtype is not None:
                 view._box = tuple((0, n) for n in self.alloc.shape)
-        if (dynamic and not isinstance(scalar_offset, (int, np.integer))) or self.lanes is not None:
+        if (dynamic and not isinstance(scalar_offset, (int, np.integer))) or self.lanes is not None or self._dyn:
+            view._dyn = True
             view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
             view._set_lanes(self, off, lane_terms, ".ap")
         return view
@@ -347,7 +350,8 @@ class NkiTensor:
 
     def _same_lanes(self, view: "NkiTensor") -> "NkiTensor":
         view._dtype = self._dtype
-        if self._dtype is not None:
+        view._dyn = self._dyn
+        if self._dtype is not None or self._dyn:
             view._box = tuple((0, n) for n in self.alloc.shape)
         if self.lanes is not None:
             view.lanes = self.lanes
@@ -383,6 +387,7 @@ class NkiTensor:
                 raise ConstraintError(f"{here()}: dynamic index {idx} out of bounds for dim {dim} of size "
                                       f"{sizes[int(dim)]} of tensor {self.alloc.label()}")
             view.offset += idx * self.pattern[int(dim)][0]
+            view._dyn = True
             view._box = tuple((0, n) for n in self.alloc.shape)
             return view
         key: list[Any] = [slice(None)] * self.ndim
@@ -472,7 +477,7 @@ class NkiTensor:
         out = NkiTensor(self.alloc, self.offset * old // new.itemsize, pat)
         out._dtype = new if new != self.alloc.dtype else None
         out._box = tuple((0, n) for n in self.alloc.shape)
-        out.lanes = self.lanes
+        out.lanes, out._dyn = self.lanes, self._dyn
         return out
 
     reinterpret_cast = view
