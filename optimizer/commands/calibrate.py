@@ -29,8 +29,8 @@ from pathlib import Path
 
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.cost.evaluate import evaluate
-from trnopt.optimizer.cost.nccom import (Fit, MeasurementError, Run, fit_run, measured_link, model_time, read_runs,
-                                         run_domains)
+from trnopt.optimizer.cost.nccom import (Fit, MeasurementError, Run, fit_run, linear_from, measured_link, model_time,
+                                         read_runs, run_domains)
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.model.target import BUILTIN_TARGETS, GB, Target, load_target, parse_target
@@ -49,6 +49,8 @@ class RunResult:
     achievable: float | None
     latency_s: float | None
     note: str
+    fit_from: float = 0.0
+    """Smallest message size (bytes) the fit used: the cost model's linear view starts there."""
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,15 @@ def solve_run(target: Target, run: Run, fit: Fit, names: tuple[str, ...]) -> tup
 
 def calibrate_links(target: Target, runs: list[Run]) -> tuple[Target, list[RunResult]]:
     """The target with every measured link class fitted, innermost class first, and each run's result."""
-    fits = [(run, fit_run(run)) for run in runs]
+    start = {id(run): linear_from(target, run) for run in runs}
+    fits = [(run, fit_run(run, start[id(run)])) for run in runs]
     classes: dict[tuple[str, ...], list[tuple[Run, Fit, str]]] = {}
     results: list[RunResult] = []
     for run, fit in fits:
         link, names = measured_link(target, run)
         if not names:
             results.append(RunResult(run, fit, link, (), None, None, "inside one chip: trnopt's targets have no "
-                                     "link table for on-chip traffic; not used"))
+                                     "link table for on-chip traffic; not used", start[id(run)]))
             continue
         classes.setdefault(names, []).append((run, fit, link))
 
@@ -132,7 +135,8 @@ def calibrate_links(target: Target, runs: list[Run]) -> tuple[Target, list[RunRe
         achievable = sum(s[3] for s in solved) / len(solved)
         latency = sum(s[4] for s in solved) / len(solved)
         current = with_links(current, names, achievable=achievable, latency=latency)
-        results += [RunResult(run, fit, link, names, a, lat, note) for run, fit, link, a, lat, note in solved]
+        results += [RunResult(run, fit, link, names, a, lat, note, start[id(run)])
+                    for run, fit, link, a, lat, note in solved]
     return current, results
 
 
@@ -253,8 +257,9 @@ def calibration_table(target: Target, calibrated: Target, results: list[RunResul
            f"written = {_toml_str(when)}",
            f"from = {_toml_str(source_name)}",
            f"nccom = {_toml_str(nccom)}",
-           "model = \"alpha-beta fit t = alpha + beta * size per run (weights 1/t^2); per link class the achievable "
-           "share and per-hop latency at which optimizer/cost/collectives.py reproduces beta and alpha\"",
+           "model = \"alpha-beta fit t = alpha + beta * size per run (weights 1/t^2), on the sizes the cost model's "
+           "linear view describes (fit_from_bytes: the Neuron runtime's ring algorithms); per link class the "
+           "achievable share and per-hop latency at which optimizer/cost/collectives.py reproduces beta and alpha\"",
            "",
            "[calibration.constants]"]
     for a in (*calibrated.domain_axes, calibrated.scale_out):
@@ -271,6 +276,7 @@ def calibration_table(target: Target, calibrated: Target, results: list[RunResul
                 f"nodes = {r.run.nodes}",
                 f"link = {_toml_str('+'.join(r.names) + f' ({r.link})' if r.names else r.link)}",
                 f"points = {r.fit.points}",
+                f"fit_from_bytes = {int(r.fit_from)}",
                 f"alpha_us = {_value(r.fit.alpha_s * 1e6)}",
                 f"bus_bandwidth_gbs = {_value(r.fit.bus_bandwidth(r.run.op, r.run.ranks) / GB)}",
                 f"rms_rel_error = {_value(r.fit.rms_rel_error)}",

@@ -34,6 +34,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from trnopt.optimizer.cost import collectives
 from trnopt.optimizer.cost.collectives import Span, coefficients, levels
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.target import GIB, Axis, Target
@@ -304,8 +305,27 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> Fit:
     return Fit(alpha, beta, math.sqrt(sum(r * r for r in rel) / len(rel)), max(abs(r) for r in rel), len(rel))
 
 
-def fit_run(run: Run) -> Fit:
-    return fit_alpha_beta([r.size for r in run.rows], [r.time_s for r in run.rows])
+def fit_run(run: Run, min_size: float = 0.0) -> Fit:
+    """The fit on the run's rows of at least ``min_size`` bytes (all rows when fewer than MIN_SIZES are)."""
+    rows = [r for r in run.rows if r.size >= min_size]
+    if len({r.size for r in rows}) < MIN_SIZES:
+        rows = list(run.rows)
+    return fit_alpha_beta([r.size for r in rows], [r.time_s for r in rows])
+
+
+def linear_from(target: Target, run: Run) -> float:
+    """Smallest message the cost model's linear view (``coefficients``) describes for the run's group.
+
+    On axes whose collectives the Neuron runtime runs, the linear view is that of its ring
+    algorithms, which the runtime uses above its RDH range (``collectives.NEURON.rdh_max``);
+    smaller messages run Mesh or RDH, whose fixed costs differ. On plain ring axes: every size.
+    """
+    span, _ = run_span(target, run)
+    neuron = getattr(collectives, "is_neuron", None)
+    runtime = getattr(collectives, "NEURON", None)
+    if neuron is not None and runtime is not None and neuron(span):
+        return float(runtime.rdh_max)
+    return 0.0
 
 
 # -- what a run measures on a target -------------------------------------------------------------

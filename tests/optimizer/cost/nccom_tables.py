@@ -9,7 +9,7 @@ from trnopt.optimizer.cost.nccom import bus_factor
 GIB = 2**30
 
 
-def sizes(lo: int = 8, hi: int = 2**30, factor: int = 4) -> list[int]:
+def sizes(lo: int = 8, hi: int = 2**30, factor: int = 2) -> list[int]:
     out, s = [], lo
     while s <= hi:
         out.append(s)
@@ -17,7 +17,7 @@ def sizes(lo: int = 8, hi: int = 2**30, factor: int = 4) -> list[int]:
     return out
 
 
-def table(op: str, ranks: int, nodes: int, alpha_s: float, beta_s_per_byte: float, noise: float = 0.01,
+def table(op: str, ranks: int, nodes: int, alpha_s: float, beta_s_per_byte: float, noise: float = 0.005,
           header: str | None = None, dtype: str = "uint8") -> str:
     """nccom-test's table for t = alpha + beta * S, each time off by up to ``noise`` (a fixed pattern)."""
     elem = {"uint8": 1, "bf16": 2, "fp32": 4}[dtype]
@@ -26,7 +26,7 @@ def table(op: str, ranks: int, nodes: int, alpha_s: float, beta_s_per_byte: floa
     lines = [first, "       size(B)    count(elems)    type    time(us)    algbw(GB/s)    busbw(GB/s)"]
     busbws = []
     for i, s in enumerate(sizes(max(8, elem))):
-        t = (alpha_s + beta_s_per_byte * s) * (1 + noise * math.sin(1.7 * i + 0.3))
+        t = (alpha_s + beta_s_per_byte * s) * (1 + noise * math.sin(2.1 * i + 0.5))
         t_us = max(1, round(t * 1e6))
         algbw = s / (t_us * 1e-6) / GIB
         busbw = algbw * bus_factor(op, ranks)
