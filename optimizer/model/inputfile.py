@@ -104,7 +104,7 @@ def parse_json(path: str, text: str) -> Any:
     try:
         return json.loads(text, parse_constant=_constant(path), parse_int=_number(path), parse_float=_number(path))
     except json.JSONDecodeError as exc:
-        raise InputError(path, f"line {exc.lineno}", f"not valid JSON ({exc.msg})") from None
+        raise InputError(path, "-", f"not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})") from None
     except RecursionError:
         raise InputError(path, "-", f"nested more than {MAX_DEPTH} levels deep") from None
 
