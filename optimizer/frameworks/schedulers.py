@@ -180,7 +180,7 @@ def _name(launch: Launch) -> str:
 
 
 def jobset_yaml(launch: Launch) -> str:
-    t, ipd = launch.target, launch.target.instances_per_domain
+    ipd = launch.target.instances_per_domain
     name = _name(launch)
     server_key = f"neuron.amazonaws.com/ultraserver-server-id-{ipd}"
     node_key = f"neuron.amazonaws.com/ultraserver-node-id-{ipd}"
@@ -214,61 +214,71 @@ def jobset_yaml(launch: Launch) -> str:
         "  replicatedJobs:",
     ]
     for n, (d, i) in sorted(launch.binding.slot.items()):
-        select = [f"              node.kubernetes.io/instance-type: {t.instance}"]
-        affinity = []
-        if launch.ultraserver:
-            select.append(f'              {node_key}: "{i}"')
-            affinity = [
-                "            affinity:",
-                "              podAffinity:",
-                "                requiredDuringSchedulingIgnoredDuringExecution:",
-                "                - labelSelector:",
-                f"                    matchLabels: {{trnopt/job: {name}, trnopt/domain: \"{d}\"}}",
-                f"                  topologyKey: {server_key}",
-                "              podAntiAffinity:",
-                "                requiredDuringSchedulingIgnoredDuringExecution:",
-                "                - labelSelector:",
-                "                    matchExpressions:",
-                f"                    - {{key: trnopt/job, operator: In, values: [{name}]}}",
-                f"                    - {{key: trnopt/domain, operator: NotIn, values: [\"{d}\"]}}",
-                f"                  topologyKey: {server_key}",
-                "                - labelSelector:",
-                "                    matchExpressions:",
-                "                    - {key: trnopt/job, operator: Exists}",
-                f"                    - {{key: trnopt/job, operator: NotIn, values: [{name}]}}",
-                f"                  topologyKey: {server_key}",
-            ]
-        lines += [
-            f"  - name: node-{n}",
-            "    replicas: 1",
-            "    template:",
-            "      spec:",
-            "        parallelism: 1",
-            "        completions: 1",
-            "        backoffLimit: 0",
-            "        template:",
-            "          metadata:",
-            f"            labels: {{trnopt/job: {name}, trnopt/domain: \"{d}\", trnopt/node-rank: \"{n}\"}}",
-            "          spec:",
-            "            restartPolicy: Never",
-            "            nodeSelector:",
-            *select,
-            *affinity,
-            "            volumes:",
-            f"            - {{name: trnopt, configMap: {{name: {name}-files, defaultMode: 0755}}}}",
-            "            containers:",
-            "            - name: trainer",
-            "              image: REPLACE-WITH-YOUR-TORCHTITAN-NEURON-IMAGE",
-            f'              command: [bash, /trnopt/run-node.sh, "{n}"]',
-            "              env:",
-            f"              - {{name: MASTER_ADDR, value: {master}}}",
-            "              - {name: TRNOPT_RANK_MAP_DIR, value: /tmp/rank-map}",
-            "              - name: TRNOPT_INSTANCE",
-            "                valueFrom: {fieldRef: {fieldPath: spec.nodeName}}",
-            "              volumeMounts:",
-            "              - {name: trnopt, mountPath: /trnopt}",
-            "              resources:",
-            f"                limits: {{aws.amazon.com/neuron: {t.chips_per_instance}, "
-            f"vpc.amazonaws.com/efa: {t.chips_per_instance}}}",
-        ]
+        lines += _replicated_job(launch, name, n, d, i, master)
     return "\n".join(lines) + "\n"
+
+
+def _replicated_job(launch: Launch, name: str, n: int, d: int, i: int, master: str) -> list[str]:
+    """The JobSet replicated job of node rank n: one pod on UltraServer node id i of domain d's UltraServer."""
+    t, ipd = launch.target, launch.target.instances_per_domain
+    server_key = f"neuron.amazonaws.com/ultraserver-server-id-{ipd}"
+    node_key = f"neuron.amazonaws.com/ultraserver-node-id-{ipd}"
+    lines: list[str] = []
+    select = [f"              node.kubernetes.io/instance-type: {t.instance}"]
+    affinity = []
+    if launch.ultraserver:
+        select.append(f'              {node_key}: "{i}"')
+        affinity = [
+            "            affinity:",
+            "              podAffinity:",
+            "                requiredDuringSchedulingIgnoredDuringExecution:",
+            "                - labelSelector:",
+            f"                    matchLabels: {{trnopt/job: {name}, trnopt/domain: \"{d}\"}}",
+            f"                  topologyKey: {server_key}",
+            "              podAntiAffinity:",
+            "                requiredDuringSchedulingIgnoredDuringExecution:",
+            "                - labelSelector:",
+            "                    matchExpressions:",
+            f"                    - {{key: trnopt/job, operator: In, values: [{name}]}}",
+            f"                    - {{key: trnopt/domain, operator: NotIn, values: [\"{d}\"]}}",
+            f"                  topologyKey: {server_key}",
+            "                - labelSelector:",
+            "                    matchExpressions:",
+            "                    - {key: trnopt/job, operator: Exists}",
+            f"                    - {{key: trnopt/job, operator: NotIn, values: [{name}]}}",
+            f"                  topologyKey: {server_key}",
+        ]
+    lines += [
+        f"  - name: node-{n}",
+        "    replicas: 1",
+        "    template:",
+        "      spec:",
+        "        parallelism: 1",
+        "        completions: 1",
+        "        backoffLimit: 0",
+        "        template:",
+        "          metadata:",
+        f"            labels: {{trnopt/job: {name}, trnopt/domain: \"{d}\", trnopt/node-rank: \"{n}\"}}",
+        "          spec:",
+        "            restartPolicy: Never",
+        "            nodeSelector:",
+        *select,
+        *affinity,
+        "            volumes:",
+        f"            - {{name: trnopt, configMap: {{name: {name}-files, defaultMode: 0755}}}}",
+        "            containers:",
+        "            - name: trainer",
+        "              image: REPLACE-WITH-YOUR-TORCHTITAN-NEURON-IMAGE",
+        f'              command: [bash, /trnopt/run-node.sh, "{n}"]',
+        "              env:",
+        f"              - {{name: MASTER_ADDR, value: {master}}}",
+        "              - {name: TRNOPT_RANK_MAP_DIR, value: /tmp/rank-map}",
+        "              - name: TRNOPT_INSTANCE",
+        "                valueFrom: {fieldRef: {fieldPath: spec.nodeName}}",
+        "              volumeMounts:",
+        "              - {name: trnopt, mountPath: /trnopt}",
+        "              resources:",
+        f"                limits: {{aws.amazon.com/neuron: {t.chips_per_instance}, "
+        f"vpc.amazonaws.com/efa: {t.chips_per_instance}}}",
+    ]
+    return lines
