@@ -11,8 +11,8 @@ Semantics from the "nki.collectives" API pages (NKI 0.6/0.7):
   ``..._reduce`` sends ``op(srcs0, srcs1)`` instead; up to 4 channels.
 - ``collective_permute_implicit_current_processing_rank_id(i, g, c)``: the rank whose data
   is in hand after ``i`` ring steps (``i = 0``: this rank).
-Simulator convention (the pages leave it open; DESIGN section 7 runs channels in both
-directions of a torus ring): even channel ids send to the next rank of the rank-list,
+Simulator convention (the pages leave it open; channels run in both directions of a
+torus ring): even channel ids send to the next rank of the rank-list,
 odd channel ids to the previous one; current_processing_rank_id follows the same rule.
 
 Timing, on engine ``CC<channel>`` with the channel's LinkModel (bandwidth B, hop latency

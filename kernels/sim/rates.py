@@ -1,8 +1,8 @@
 """Documented hardware rates and capacities the simulator uses, each with its source.
 
 Sources (cited by page name):
-- trnopt DESIGN.md section 7, which takes its numbers from the Neuron SDK 2.32 docs
-  ("Trainium2 Architecture Guide for NKI", "NKI Performance Guide"):
+- Neuron SDK 2.32/2.33 docs, "Trainium2 Architecture Guide for NKI" and "NKI Performance
+  Guide":
   TensorE at 2.4 GHz; BF16 matmul cycles ~ max(min(64, N_stationary), N_moving);
   DMA ~368 GB/s per core, ~1.3 us from semaphore to start, ~0.6 us per
   descriptor-generating instruction; SBUF 224 KiB per partition (28 MiB per core) on
@@ -11,8 +11,9 @@ Sources (cited by page name):
   per NeuronCore-v4 (256 KiB per partition), PSUM unchanged.
 - "nki.language.tile_size": pmax 128, gemm_stationary_fmax 128, gemm_moving_fmax 512,
   psum_bank_fmax 512 FP32 elements (2 KiB), psum_num_banks 8.
-- DESIGN.md section 3: Trn2 NeuronLink 1,024 GB/s per chip in the 4x4 torus (the sum of
-  both axes, both directions), hop latency ~1-2 us intra-instance.
+- "Trainium2 Architecture" (Neuron docs): NeuronLink 1,024 GB/s per chip in the 4x4 torus
+  (the sum of both axes, both directions); hop latency ~1-2 us intra-instance (ASSUMPTION:
+  the order of magnitude of the Neuron collectives pages, not a published figure).
 Figures marked ASSUMPTION are not in those pages; they are stated here so that they can
 be replaced in one place.
 """
@@ -33,34 +34,35 @@ PSUM_NUM_BANKS = 8  # tile_size.psum_num_banks
 PSUM_BANK_BYTES = 2 * KIB  # per partition; tile_size.psum_bank_fmax_bytes
 PSUM_BANK_FMAX = PSUM_BANK_BYTES // 4  # FP32 elements per bank per partition
 SBUF_BYTES_PER_PARTITION = {
-    "trn2": 224 * KIB,  # 28 MiB per NeuronCore-v3 / 128 partitions (DESIGN section 7)
+    "trn2": 224 * KIB,  # 28 MiB per NeuronCore-v3 / 128 partitions (Trainium2 architecture guide)
     "trn3": 256 * KIB,  # 32 MiB per NeuronCore-v4 / 128 partitions (Trainium3 arch guide)
 }
 DEFAULT_SBUF_BYTES_PER_PARTITION = SBUF_BYTES_PER_PARTITION["trn2"]
 
 # --- engines ----------------------------------------------------------------------------
-TENSOR_ENGINE_HZ = 2.4e9  # DESIGN section 7
+TENSOR_ENGINE_HZ = 2.4e9  # Trainium2 architecture guide
 MATMUL_MIN_CYCLES = 64  # the min(64, N_stationary) floor of the matmul cycle formula
 # ASSUMPTION: FP32 operands take four passes of the BF16 rate; FP8 with
 # perf_mode=double_row takes half (the "FP8 double performance mode" of the nc_matmul page).
 MATMUL_FP32_FACTOR = 4
 # ASSUMPTION: Vector, Scalar and GpSimd engines process one element per partition per cycle
 # at 1.4 GHz with a fixed ~64-cycle instruction overhead (Trainium2 arch guide order of
-# magnitude; DESIGN gives no figure).
+# magnitude; no published figure).
 ELEMENTWISE_ENGINE_HZ = 1.4e9
 ELEMENTWISE_FIXED_CYCLES = 64
 
-DMA_BANDWIDTH_BPS = 368e9  # per core (DESIGN section 7)
-DMA_SEMAPHORE_TO_START_S = 1.3e-6  # DESIGN section 7
-DMA_DESCRIPTOR_S = 0.6e-6  # per descriptor-generating instruction (DESIGN section 7)
+DMA_BANDWIDTH_BPS = 368e9  # per core (Trainium2 architecture guide); also bounds the core's HBM
+# traffic in the simulator: compute DMAs and the DMA rings of collectives share it (timeline)
+DMA_SEMAPHORE_TO_START_S = 1.3e-6  # Trainium2 architecture guide
+DMA_DESCRIPTOR_S = 0.6e-6  # per descriptor-generating instruction (Trainium2 architecture guide)
 DMA_QUEUES = 4  # ASSUMPTION: DMA instructions round-robin over four issue queues
 # ASSUMPTION: a core_barrier is a remote semaphore update plus a local wait ("nki.isa.core_barrier");
 # taken as one DMA semaphore-to-start latency.
 CORE_BARRIER_S = DMA_SEMAPHORE_TO_START_S
 
 # --- links ------------------------------------------------------------------------------
-TRN2_TORUS_CHIP_BPS = 1024e9  # DESIGN section 3
-TRN2_HOP_LATENCY_S = 1.5e-6  # mid-point of "~1-2 us intra-instance" (DESIGN section 3)
+TRN2_TORUS_CHIP_BPS = 1024e9  # Trainium2 architecture page
+TRN2_HOP_LATENCY_S = 1.5e-6  # mid-point of "~1-2 us intra-instance" (Trainium2 architecture page)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class LinkModel:
 
 
 # Default: one direction of one axis of the Trn2 4x4 torus. 1,024 GB/s per chip is the sum
-# over 2 axes x 2 directions (DESIGN section 5), so one ring direction gets 256 GB/s.
+# over 2 axes x 2 directions, so one ring direction gets 256 GB/s.
 DEFAULT_LINK = LinkModel(bandwidth_Bps=TRN2_TORUS_CHIP_BPS / 4, latency_s=TRN2_HOP_LATENCY_S)
 
 
@@ -113,7 +115,7 @@ def matmul_seconds(n_stationary: int, n_moving: int, dtype: np.dtype, double_row
     """TensorE time of one nc_matmul: max(min(64, N_stationary), N_moving) cycles at 2.4 GHz.
 
     N_stationary is the stationary free size (M), N_moving the moving free size (N); the
-    formula is the BF16 one of DESIGN section 7 (FP32 x4, FP8 double_row /2: ASSUMPTION).
+    formula is the BF16 one of the NKI Performance Guide (FP32 x4, FP8 double_row /2: ASSUMPTION).
     """
     cycles = float(max(min(MATMUL_MIN_CYCLES, n_stationary), n_moving))
     if np.dtype(dtype).itemsize >= 4:

@@ -15,22 +15,29 @@ same instructions on the same engines before it), so a group collective starts w
 The result is the full run's timeline: ``Timeline.cores`` holds one entry per rank and
 program, each a relabelled view of the representative's clock.
 
-It is exact when
-  * every rank runs the same kernel with arguments of equal shapes and dtypes, and equal
-    non-tensor arguments (checked; ``TensorSpec`` or arrays, whose data is not used);
-  * the kernel is SPMD: its control flow, instruction shapes and dependency pattern do
-    not depend on the rank except through addresses that keep the same overlap pattern
-    (e.g. the row offset of the chunk in hand, from ``rank_id`` or
-    ``collective_permute_implicit_current_processing_rank_id``) (NOT checked: a kernel
-    that branches on ``ncc.rank_id()`` gets rank 0's timeline, and a collective mismatch
-    that only another rank would commit goes unnoticed; run with symmetric=False to check);
-  * every collective runs on a symmetric group: rank-lists of one size that together hold
-    all ranks, or for ``collective_permute`` pairs in which every rank sends once and
+It is exact when every rank runs the same instructions with the same dependencies, which
+the simulator guarantees or checks:
+  * arguments: equal shapes, dtypes and non-tensor values on every rank (checked;
+    ``TensorSpec`` or arrays, whose data is not used);
+  * control flow: a kernel's Python cannot depend on the rank. Rank ids are registers
+    (``registers``): ``if ncc.rank_id() == 2`` or ``ring.index(rank)`` raise TypeError on
+    every run, as tracing does on the device; a dynamic loop (``nl.dynamic_range``,
+    ``fori_loop``) whose trip count differs between ranks raises SymmetryError. So no rank
+    can skip or mismatch a collective, or put a matmul input in PSUM, unless rank 0 does;
+  * addresses: a view at a rank-dependent offset (register arithmetic in ``.ap`` or
+    ``nl.ds``) keeps every rank's offset; each is bounds-checked (an out-of-bounds access of
+    any rank fails, naming it), its dependency box is the whole tensor on every rank, and
+    an instruction that *reads* at a rank-dependent offset raises SymmetryError (another
+    rank could read memory rank 0 does not);
+  * collectives run on symmetric groups: rank-lists of one size that together hold all
+    ranks, or for ``collective_permute`` pairs in which every rank sends once and
     receives once (checked when the collective is issued).
+Reads of unwritten memory are found only with numerics, which symmetric runs never have
+(as in any schedule-only run).
 ``symmetric=True`` raises ``SymmetryError`` when a checked condition fails (numerics on,
-arguments that differ between ranks, an asymmetric group). ``symmetric=None`` (the
-default) chooses: symmetric when numerics=False, more than one rank, and the arguments
-agree; if a collective then turns out asymmetric the run falls back to the full run.
+arguments that differ between ranks, an asymmetric group, a rank-dependent read or loop).
+``symmetric=None`` (the default) chooses: symmetric when numerics=False, more than one
+rank, and the arguments agree; if a SymmetryError comes up, it falls back to the full run.
 ``symmetric=False`` always runs every rank.
 """
 
@@ -67,11 +74,13 @@ class TensorSpec:
 class SimResult:
     """``outputs``: per rank, the kernel's return value as NumPy (tuples stay tuples; None
     when numerics=False). ``timeline``: the engine timeline of the run. ``symmetric``: True
-    when only rank 0 was simulated (see the module docstring)."""
+    when only rank 0 was simulated (see the module docstring). ``inputs``: per rank, the
+    array arguments (positional list, keyword dict) as the kernel left them (numerics only)."""
 
     outputs: list[Any] | None
     timeline: Timeline
     symmetric: bool = False
+    inputs: list[tuple[list, dict]] | None = None  # per rank: the final data of the array arguments
 
 
 class Kernel:
@@ -124,12 +133,20 @@ def jit(fn=None, **kwargs):
 
 
 def simulate_kernel(kernel: Any) -> Callable[..., Any]:
-    """``nki.simulate(kernel)(*numpy_args)``: one rank, numerics on, returns NumPy outputs."""
+    """``nki.simulate(kernel)(*numpy_args)``: one rank, numerics on, returns NumPy outputs;
+    NumPy array arguments the kernel wrote are updated in place, as in the official
+    simulator ("NKI CPU Simulator" guide, Execution)."""
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        return run_ranks(kernel, [args], kwargs=kwargs).outputs[0]
+        res = run_ranks(kernel, [args], kwargs=kwargs)
+        pos, kw = res.inputs[0]
+        for given, final in list(zip(args, pos)) + [(kwargs[k], v) for k, v in kw.items()]:
+            if isinstance(given, np.ndarray) and isinstance(final, np.ndarray) and given.flags.writeable \
+                    and not np.array_equal(given, final, equal_nan=given.dtype.kind == "f"):
+                given[...] = final
+        return res.outputs[0]
     return run
 
 
@@ -306,7 +323,12 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
     timeline = Timeline.from_cores([contexts[p].timeline for p in participants])
     # converted after every program finished: the programs of a rank share the output
     outputs = [_to_numpy(results.get((r, 0)), contexts[(r, 0)]) for r in range(world)] if numerics else None
-    return SimResult(outputs, timeline)
+    finals = None
+    if numerics:
+        finals = [([_to_numpy(a, contexts[(r, 0)]) for a in input_allocs[r][0]],
+                   {k: _to_numpy(v, contexts[(r, 0)]) for k, v in input_allocs[r][1].items()})
+                  for r in range(world) if r in input_allocs]
+    return SimResult(outputs, timeline, inputs=finals)
 
 
 def _relabel(core: Any, rank: int) -> Any:

@@ -18,10 +18,24 @@ def set_current(ctx: Any) -> None:
 
 
 def here(op: str = "", name: str | None = None) -> str:
-    """Message prefix naming the rank (and instruction) of the calling thread."""
+    """Message prefix naming the rank (and instruction) of the calling thread; a view built
+    before its instruction is named by the kernel line that builds it."""
     from .errors import where
 
+    label = op or f"tensor access at {_kernel_line()}"
     ctx = current()
     if ctx is None:
-        return where(None, op or "tensor access", name)
-    return where(ctx.rank, op or "tensor access", name, ctx.program)
+        return where(None, label, name)
+    return where(ctx.rank, label, name, ctx.program)
+
+
+def _kernel_line() -> str:
+    """file:line of the innermost caller outside the simulator (only on error paths)."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None and "/kernels/sim/" in frame.f_code.co_filename.replace("\\", "/"):
+        frame = frame.f_back
+    if frame is None:
+        return "an unknown line"
+    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"

@@ -21,6 +21,12 @@ engine is free and every earlier instruction it depends on (read-after-write,
 write-after-read, write-after-write on overlapping boxes of the same allocation) has
 finished; engines run concurrently. Durations come from ``rates``.
 
+Collective traffic shares that bandwidth: the bytes a collective sends from this core
+(its DMA rings read the src from HBM) take an interval of the same DMA bandwidth from the
+collective's start (``dma_traffic``), so a collective delays the compute loads and stores
+of its core and is delayed by them ("Trainium2 Architecture Guide for NKI": collectives
+run on the same DMA engines as kernel data movement).
+
 Exposed communication of a core is the time during which a collective transfer is in
 flight and no compute engine (Tensor, Vector, Scalar, GpSimd) is busy.
 """
@@ -165,7 +171,7 @@ class CoreTimeline:
 
     def dma(self, nbytes: int, ready: float, op: str, name: str | None) -> tuple[float, float]:
         """A DMA: 0.6 us descriptor generation on its queue, 1.3 us semaphore-to-start, then
-        bytes / 368 GB/s on the core's shared DMA bandwidth (DESIGN section 7); see the
+        bytes / 368 GB/s on the core's shared DMA bandwidth (Trainium2 architecture guide); see the
         module docstring for the queues. Returns (issue time, end of the data phase)."""
         q = self._dma_next
         self._dma_next = (q + 1) % len(self._dma_queue_free)

@@ -301,7 +301,7 @@ def test_rank_id_and_bf16_all_reduce_rounds_once() -> None:
 
 @pytest.mark.parametrize("factor", [1.0, 8.0, 8 / 15])
 def test_all_to_all_time_scales_with_bisection_factor(factor: float) -> None:
-    """Request 4: (n-1) * (S/n / B * bisection_factor + a); other collectives unaffected."""
+    """(n-1) * (S/n / B * bisection_factor + a); other collectives unaffected."""
     from trnopt.kernels.sim import LinkModel, TensorSpec
 
     n, rows, cols = 16, 64, 256

@@ -168,7 +168,7 @@ def _dma(res, name):
 
 
 def test_dma_waiting_for_data_blocks_only_its_own_queue() -> None:
-    """Request 1: queues are independent and in order; the bandwidth is shared."""
+    """queues are independent and in order; the bandwidth is shared."""
     x = np.zeros((128, 512), np.float32)
     assert rates.DMA_QUEUES == 4
     res = run_ranks(blocked_then_ready, [(x,)], kwargs=dict(n_ready=4))
@@ -216,7 +216,7 @@ def fresh_tile_per_iteration(x, keep):
 
 
 def test_freed_tile_memory_keeps_its_hazards() -> None:
-    """Request 2: a tile allocated where a freed one lived cannot be written before the freed
+    """a tile allocated where a freed one lived cannot be written before the freed
     tile's last reader is done (write-after-read on the reused SBUF range)."""
     x = np.zeros((128, 1024), np.float32)
     reused = run_ranks(fresh_tile_per_iteration, [(x,)], kwargs=dict(keep=False))
@@ -232,3 +232,33 @@ def test_freed_tile_memory_keeps_its_hazards() -> None:
         # every tile alive (distinct memory): the load runs ahead of those reads
         assert last(fresh, f"load{i}") < last(fresh, f"use{i - 2}")
     assert reused.timeline.total_s >= fresh.timeline.total_s
+
+
+@nki.jit
+def gather_and_load(x, y, tp):
+    """An all_gather and an independent DMA load of y, issued together."""
+    g = ncc.ReplicaGroup([list(range(tp))])
+    src = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.private_hbm)
+    dst = nl.ndarray((tp * x.shape[0], x.shape[1]), dtype=x.dtype, buffer=nl.private_hbm)
+    nisa.dma_copy(dst=src, src=x)
+    ncc.all_gather(srcs=[src], dsts=[dst], replica_group=g, collective_dim=0)
+    t = nl.ndarray(y.shape, dtype=y.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=y, name="load")
+
+
+def test_collective_traffic_takes_the_cores_dma_bandwidth() -> None:
+    """The bytes an all_gather sends ((n-1)/n of its result) are booked on the DMA bandwidth
+    that compute loads share: DMA busy time counts them, and the independent load of y must
+    find a free interval (it cannot start before the bandwidth is free)."""
+    from trnopt.kernels.sim import TensorSpec, rates
+
+    tp, rows, cols = 4, 128, 2048
+    xs = [(TensorSpec((rows, cols), np.float32), TensorSpec((128, 2048), np.float32))] * tp
+    res = run_ranks(gather_and_load, xs, numerics=False, kwargs=dict(tp=tp), symmetric=False)
+    core = res.timeline.cores[0]
+    sent = (tp - 1) * rows * cols * 4
+    moved = rows * cols * 4 + 128 * 2048 * 4
+    assert core.busy["DMA"] == pytest.approx((moved + sent) / rates.DMA_BANDWIDTH_BPS)
+    dma = sorted(iv for iv in core.intervals["DMA"])
+    for (a0, a1), (b0, b1) in zip(dma, dma[1:]):
+        assert a1 <= b0 + 1e-15  # time-multiplexed: never two data phases at once
