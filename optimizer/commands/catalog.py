@@ -99,9 +99,12 @@ def target_details(target: Target | str) -> str:
         f"  instance MTBF        {_num(r.instance_mtbf_s / 3600)} h",
         f"  checkpoint write     {_num(r.checkpoint_bandwidth_per_instance / GB)} GB/s per instance",
         f"  restart              {_num(r.restart_s / 60)} min",
-        "efficiency (share of peak = max_matmul * x / (x + half_width), x = hidden / TP)",
-        f"  max_matmul           {_num(e.max_matmul)}",
-        f"  half_width           {_num(e.half_width)}",
+        f"engines per core: TensorE {_num(t.engines.tensor_hz / 1e9)} GHz, VectorE {_num(t.engines.vector_hz / 1e9)} GHz "
+        f"x {t.engines.vector_lanes}, ScalarE {_num(t.engines.scalar_hz / 1e9)} GHz x {t.engines.scalar_lanes}",
+        f"efficiency (fitted on {e.fitted_on or 'nothing stated'})",
+        f"  matmul               {_num(e.matmul)}",
+        f"  elementwise          {_num(e.elementwise)}",
+        f"  per micro-batch      {_num(e.microbatch_overhead_s * 1e6)} us",
     ]
     return "\n".join(lines)
 

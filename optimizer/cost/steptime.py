@@ -10,11 +10,12 @@ dp = R / (tp * cp * pp) (R ranks), so that each factor depends on one decision
 layers of the busiest stage (ceil(L / pp)) and, per collective and span, k its seconds
 per byte and lambda its fixed seconds (collectives.coefficients):
 
-- compute[recompute, tp] = hardware FLOPs / (R * peak per rank * efficiency(h / tp)).
-  Model FLOPs = 6 * active params * tokens + 3 * attention forward FLOPs (Narayanan et
-  al., "Efficient Large-Scale Language Model Training on GPU Clusters", 2021, eq. 3,
-  written per parameter). Full recompute repeats the forward (x 8/6); selective
-  recompute repeats the attention core only (Korthikanti et al. 2022, section 5).
+- compute = m * (L_s dense or MoE layers * layer time[recompute, tp, cp, b(, ep)] + the LM
+  head[tp, cp, b] + a fixed cost per micro-batch): each operation of a layer on the
+  chip's engines (compute.py). Full recompute repeats the forward; selective the attention
+  core (Korthikanti et al. 2022, section 5). MFU counts model FLOPs = 6 * active params *
+  tokens + 3 * attention forward FLOPs (Narayanan et al., "Efficient Large-Scale Language
+  Model Training on GPU Clusters", 2021, eq. 3, written per parameter).
 - TP (Megatron with sequence parallelism, Korthikanti et al. 2022 section 4.2.2): per
   layer and micro-batch n(recompute) all-reduces' worth (2 all-gathers + 2
   reduce-scatters forward and as many backward = 4; full recompute adds the forward's
@@ -49,6 +50,7 @@ from functools import lru_cache
 
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost import factors as f
+from trnopt.optimizer.cost.compute import head_seconds, layer_time
 from trnopt.optimizer.cost.overlap import tp_hidden
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.target import Axis, Target
@@ -64,24 +66,14 @@ def model_flops(workload: Workload) -> float:
     return 6.0 * m.active_params() * t.tokens + 3.0 * m.attention_flops_per_token(t.seq) * m.layers * t.tokens
 
 
-def hardware_flops(workload: Workload, recompute: str) -> float:
-    """Model FLOPs plus what recomputation repeats: + one forward (full), + attention forward (selective)."""
-    m, t = workload.model, workload.training
-    attention_fwd = m.attention_flops_per_token(t.seq) * m.layers * t.tokens
-    extra = {"none": 0.0, "selective": attention_fwd,
-             "full": 2.0 * m.active_params() * t.tokens + attention_fwd}[recompute]
-    return model_flops(workload) + extra
-
-
 def peak_flops_per_rank(target: Target, lnc: int) -> float:
     """Chip BF16 peak / logical cores per chip."""
     return target.chip.bf16_flops / target.chip.logical_cores(lnc)
 
 
-def compute_time(workload: Workload, target: Target, tp: int, recompute: str, ranks: int, lnc: int) -> float:
-    """hardware FLOPs / (ranks * peak per rank * efficiency(hidden / tp))."""
-    rate = peak_flops_per_rank(target, lnc) * target.efficiency.matmul(workload.model.hidden / tp)
-    return hardware_flops(workload, recompute) / (ranks * rate)
+def ideal_compute_time(workload: Workload, target: Target, ranks: int, lnc: int) -> float:
+    """Model FLOPs / (ranks * peak per rank): the step's compute at peak, a floor (and the solver's unit)."""
+    return model_flops(workload) / (ranks * peak_flops_per_rank(target, lnc))
 
 
 def tp_collectives_per_layer(recompute: str) -> int:
@@ -167,7 +159,23 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     def moe_layers(pp):
         return math.ceil(mdl.moe_layers / pp)
 
-    compute = f.table(("recompute", "tp"), lambda rc, tp: compute_time(workload, target, tp, rc, R, lnc), "compute")
+    # compute: m micro-batches of the busiest stage's layers (dense and MoE) and the LM head
+    # (counted on every stage: the last stage's, on the 1F1B critical path), plus a fixed cost
+    # per micro-batch; per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py)
+    def dense_layer(rc, tp, cp, b):
+        return layer_time(workload, target, lnc, tp, cp, b, 1, moe=False).training(rc)
+
+    def moe_layer(rc, tp, cp, b, ep):
+        return layer_time(workload, target, lnc, tp, cp, b, ep, moe=True).training(rc)
+
+    parts = [f.prod(m, f.count("pp", lambda pp: layers(pp) - moe_layers(pp), "dense_layers"),
+                    f.table(("recompute", "tp", "cp", "micro_batch"), dense_layer, "dense_layer_time"))]
+    if mdl.moe_layers:
+        parts.append(f.prod(m, f.count("pp", moe_layers, "moe_layers"),
+                            f.table(("recompute", "tp", "cp", "micro_batch", "ep"), moe_layer, "moe_layer_time")))
+    parts.append(f.prod(m, f.table(("tp", "cp", "micro_batch"), lambda tp, cp, b: head_seconds(
+        workload, target, lnc, tp, cp, b) + target.efficiency.microbatch_overhead_s, "head_and_overhead")))
+    compute = f.add(*parts, name="compute")
 
     # TP: n L_s pp * B s h a tp k / R + n L_s m lambda, times (1 - hidden) after overlap
     def tp_term(hides: bool, name: str) -> f.Expr:

@@ -46,12 +46,16 @@ MTBF_HOURS = Bound(1e-3, 1e9)             # 3.6 s to ~100,000 years per instance
 CHECKPOINT_GBS = Bound(1e-3, 1e6)         # checkpoint write rate per instance
 RESTART_MINUTES = Bound(0.0, 1e5)         # up to ~70 days
 # efficiency fit
-HALF_WIDTH = Bound(1e-6, 1e9)             # GEMM width at which half of max_matmul is reached
+ENGINE_GHZ = Bound(1e-3, 1e3)              # an engine's clock
+ENGINE_LANES = Bound(1, 1e6)               # elements per cycle, or a PE array's rows / tile sizes
+MICROBATCH_OVERHEAD_US = Bound(0.0, 1e7)   # fixed seconds per micro-batch, up to 10 s
 
 # counts
 MAX_PHYSICAL_CORES = 1024                 # cores per chip (Trn2: 8)
 MAX_AXIS_SIZE = 2**16                     # positions on one domain axis
 MAX_CHIPS_PER_DOMAIN = 2**16              # chips of one scale-up domain (Trn3 Gen2: 144)
+MAX_CORES_PER_INSTANCE = 2**14             # physical cores of one instance (trn2.48xlarge: 128)
+MAX_CORES_PER_DOMAIN = 2**18               # physical cores of one domain (Trn3 Gen2: 1,152)
 MAX_SBUF_KIB = 2**20                      # on-chip SRAM per partition (Trn2: 192-224 KiB)
 MAX_CHIPS = 2**22                         # chips of one job: ~4 million, 20x the largest 2026 cluster
 MAX_DOMAINS = MAX_CHIPS                   # domains of one job (one chip each at the least)

@@ -175,6 +175,8 @@ class Training:
     master_bytes: int = 4
     optimizer_bytes: int = 8
     activation_bytes: int = 2
+    flash_attention: bool = True
+    """Attention scores stay on chip (FlashAttention; the NKI and TorchNeuron default)."""
 
     def __post_init__(self):
         for name, top in (("seq", B.MAX_SEQ), ("global_batch", B.MAX_GLOBAL_BATCH)):
@@ -186,6 +188,15 @@ class Training:
                 raise InputError(flag, name, f"must be >= 1, got {value}")
             if value > top:
                 raise InputError(flag, name, f"must be <= {top:,}, got {value:,}")
+
+    PRECISIONS = {"bf16": (2, 2, 4, 8), "bf16-sr": (2, 2, 0, 4)}
+    """Bytes per parameter of (weights, gradients, master copy, Adam moments): BF16 with an FP32
+    master and moments (mixed precision, Micikevicius et al. 2018), or everything in BF16 with
+    stochastic rounding (the NeuronX "bf16-sr" runs: XLA_USE_BF16=1, no master copy)."""
+
+    def with_precision(self, precision: str) -> "Training":
+        w, g, m, o = self.PRECISIONS[precision]
+        return replace(self, weight_bytes=w, grad_bytes=g, master_bytes=m, optimizer_bytes=o)
 
     @property
     def state_bytes_per_param(self) -> int:

@@ -9,7 +9,7 @@ product, and no formula of the cost model is restated here. A log-domain lineari
 would make the objective linear but only approximately (it needs exp), and then CP-SAT's
 optimum could differ from brute force's; integer products keep it exact.
 
-Times are integers in ticks of 2^-24 of the best compute time, memory in bytes. Every
+Times are integers in ticks of 2^-24 of the step's compute at peak (a floor on any layout's), memory in bytes. Every
 term carries a bound on what rounding its table entries moved it (intmodel.Term.error,
 evaluated at the solution); the answer is re-scored by the float cost model and a
 disagreement beyond that bound raises SolverMismatch. Placement factors are tied to the
@@ -30,13 +30,13 @@ from ortools.sat.python import cp_model
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.evaluate import Evaluation, inverse_goodput
 from trnopt.optimizer.cost.memory import memory_terms
-from trnopt.optimizer.cost.steptime import TERMS, compute_time, step_terms
+from trnopt.optimizer.cost.steptime import TERMS, ideal_compute_time, step_terms
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
 from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
 from trnopt.optimizer.search.space import Space, divisors, prime_exponents
 from trnopt.optimizer.search.tabulate import Tabulator
 
-TICKS_PER_COMPUTE = 2**24  # ticks in the best compute time
+TICKS_PER_COMPUTE = 2**24  # ticks in the compute at peak
 GOODPUT_SCALE = 2**24  # 1/goodput in units of 2^-24: 6e-8 relative
 OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (doubles)
 PLACED = ("tp", "cp", "ep", "edp", "pp")  # the variable family of each Layout placement row, in DIMS order
@@ -66,8 +66,7 @@ class LayoutModel(IntModel):
         w, t = self.problem.workload, self.problem.target
         self.steps = step_terms(w, t, space.axes, space.lnc, self.problem.overlap)
         self.memories = memory_terms(w, t, space.axes)
-        best = min(compute_time(w, t, tp, "none", space.ranks, space.lnc) for tp in space.degrees["tp"])
-        self.tick = best / TICKS_PER_COMPUTE
+        self.tick = ideal_compute_time(w, t, space.ranks, space.lnc) / TICKS_PER_COMPUTE
         self.coarse_bits = 0
         self._variables()
         self.tabulator = Tabulator(self, self.domain, self.direct)

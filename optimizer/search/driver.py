@@ -97,6 +97,11 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     if hint is not None:
         lm.hint(hint)
     solver = solver_for(time_limit, workers, seed, deterministic_limit=deterministic_limit)
+    if p.objective == "goodput":
+        # CP-SAT 9.15's presolve wrongly proves the step x (1 / goodput) objective infeasible on
+        # some models (found by the brute-force referee); this phase is bounded by the step-time
+        # optimum, so it is solved without presolve
+        solver.parameters.cp_model_presolve = False
     status = STATUS[solver.solve(lm.model)]
     if status not in ("OPTIMAL", "FEASIBLE"):
         if status == "UNKNOWN" and hint is not None and p.score(p.evaluate(hint)) < (cutoff or math.inf):

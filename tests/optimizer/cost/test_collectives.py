@@ -11,8 +11,8 @@ BLOCK = 4096 * 16384 * 2  # one BF16 activation block, seq 4096 x hidden 16384
 
 
 def bandwidth_only(span):
-    """The span on latency-free links: the seed's ring formula has no latency term."""
-    return tuple((replace(a, latency=0.0), n) for a, n in span)
+    """The span on the seed's links: datasheet bandwidth (achievable 1), no latency term, the plain ring."""
+    return tuple((replace(a, latency=0.0, achievable=1.0, collectives="ring"), n) for a, n in span)
 
 
 def test_seed_allreduce_16_chips_in_the_torus():

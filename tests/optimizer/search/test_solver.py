@@ -46,7 +46,9 @@ def small_problems(draw):
         "axes": axes,
         "scale_out": {"name": "net", "bandwidth_gbps_per_instance": 800, "latency_us": 10},
         "reliability": {"instance_mtbf_hours": 1000, "checkpoint_gbs_per_instance": 5, "restart_minutes": 5},
-        "efficiency": {"max_matmul": 0.7, "half_width": draw(st.sampled_from([1, 128, 512]))},
+        "efficiency": {"matmul": draw(st.sampled_from([0.3, 0.7])), "elementwise": 0.5, "microbatch_overhead_us": draw(st.sampled_from([0, 100])), "fitted_on": "test"},
+        "engines": {"tensor_ghz": 1.0, "pe_rows": 128, "stationary_fmax": 128, "moving_fmax": 512, "matmul_min_cycles": 64,
+                    "vector_ghz": 1.0, "vector_lanes": 128, "scalar_ghz": 1.0, "scalar_lanes": 128},
     }, "hypothesis")
     heads = draw(st.sampled_from([4, 8, 12]))
     model = {"name": "tiny", "layers": draw(st.sampled_from([2, 3, 4, 6])), "hidden": 64 * heads, "heads": heads,

@@ -1,0 +1,207 @@
+"""Compute time of one transformer layer per rank and micro-batch, operation by operation,
+on the chip's engines.
+
+A GEMM [M, K] x [K, N] runs on TensorE as ceil(K / rows) x (stationary tiles) x (moving
+tiles) instructions; one instruction with a stationary tile of s columns and a moving tile
+of n columns issues every max(min(c0, s), n) cycles, c0 = 64 ("Trainium/Inferentia2
+Architecture Guide for NKI", TensorE cost model: initiation interval max(N,
+MM_INIT_LATENCY); the simulator's nc_matmul uses the same rule), at the TensorE clock on
+each of the rank's physical cores (LNC of them). Either operand may be the moving one; the
+faster orientation is taken. Narrow shapes lose where tiles are partly filled and where
+the HBM roofline binds: a GEMM is never faster than its bytes (inputs and output in BF16)
+at the rank's share of HBM bandwidth.
+
+Non-matmul work (norms, residual adds, the gated activation, RoPE, the softmax's
+exponentials, cross-entropy) runs on VectorE or ScalarE at their documented rates
+(elements per cycle x clock, the "Compute Engine Specifications" tables of the NKI
+architecture guides), each pass bounded by its HBM bytes. Flash attention keeps the
+scores on chip (Dao et al., "FlashAttention", 2022): its matmuls and exponentials overlap,
+so its time is the larger of the two; causal masking skips half of the score tiles; the
+backward runs five matmuls for the forward's two (recomputing the scores).
+
+The achievable shares (``Efficiency.matmul``, ``Efficiency.elementwise``) and the fixed
+cost per micro-batch are fitted on published step times (calibration.py); nothing here
+is a fitted curve of width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.workload import Workload
+
+BF16 = 2
+FP32 = 4
+CAUSAL = 0.5  # share of score tiles a causal mask leaves
+FLASH_BACKWARD_MATMULS = 5 / 2  # backward matmuls per forward matmul (scores recomputed)
+
+
+def _tiles(n: int, size: int) -> list[tuple[int, int]]:
+    """(count, tile size) of the full tiles and the remainder when n is cut into tiles of ``size``."""
+    full, rest = divmod(n, size)
+    return [(full, size)] + ([(1, rest)] if rest else [])
+
+
+def matmul_cycles(m: int, k: int, n: int, rows: int, stationary: int, moving: int, min_cycles: int) -> int:
+    """TensorE cycles of [m, k] x [k, n] with m on the stationary side:
+    ceil(k / rows) * sum over (stationary tile s, moving tile t) of max(min(min_cycles, s), t)."""
+    per_k = sum(cs * cm * max(min(min_cycles, s), t)
+                for cs, s in _tiles(m, stationary) for cm, t in _tiles(n, moving))
+    return math.ceil(k / rows) * per_k
+
+
+@dataclass(frozen=True)
+class Rank:
+    """What one rank has of its chip: physical cores (its LNC) and its share of HBM bandwidth."""
+
+    cores: int
+    hbm_bandwidth: float
+
+    @classmethod
+    def of(cls, target: Target, lnc: int) -> Rank:
+        return cls(lnc, target.chip.hbm_bandwidth / target.chip.logical_cores(lnc))
+
+
+def gemm_seconds(target: Target, rank: Rank, m: float, k: float, n: float, count: float = 1.0) -> float:
+    """``count`` GEMMs [m, k] x [k, n] on one rank: max(TensorE cycles / (clock * cores * share),
+    BF16 bytes (m k + k n + m n) / the rank's HBM bandwidth), the faster orientation."""
+    if min(m, k, n) <= 0 or count <= 0:
+        return 0.0
+    e, eff = target.engines, target.efficiency
+    mi, ki, ni = (max(1, math.ceil(x)) for x in (m, k, n))
+    cycles = min(matmul_cycles(mi, ki, ni, e.pe_rows, e.stationary_fmax, e.moving_fmax, e.matmul_min_cycles),
+                 matmul_cycles(ni, ki, mi, e.pe_rows, e.stationary_fmax, e.moving_fmax, e.matmul_min_cycles))
+    engine = cycles / (e.tensor_hz * rank.cores * eff.matmul)
+    memory = BF16 * (m * k + k * n + m * n) / rank.hbm_bandwidth
+    return count * max(engine, memory)
+
+
+def elementwise_seconds(target: Target, rank: Rank, elements: float, bytes_moved: float, engine: str) -> float:
+    """One pass of ``elements`` on VectorE or ScalarE: max(elements / (lanes * clock * cores * share),
+    bytes / the rank's HBM bandwidth)."""
+    e, eff = target.engines, target.efficiency
+    hz, lanes = (e.vector_hz, e.vector_lanes) if engine == "vector" else (e.scalar_hz, e.scalar_lanes)
+    return max(elements / (lanes * hz * rank.cores * eff.elementwise), bytes_moved / rank.hbm_bandwidth)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds of one layer for one micro-batch on one rank, by part."""
+
+    attention_core: float       # attention scores, softmax and output, forward
+    attention_backward: float   # the same, backward
+    projections: float          # attention projections, forward
+    mlp: float                  # MLP or router + experts, forward
+    elementwise: float          # norms, residuals, activation, RoPE, forward
+
+    @property
+    def matmuls(self) -> float:
+        return self.projections + self.mlp
+
+    @property
+    def forward(self) -> float:
+        return self.attention_core + self.matmuls + self.elementwise
+
+    def training(self, recompute: str) -> float:
+        """Forward + backward (+ what recomputation repeats): the backward of a GEMM is two GEMMs
+        (input and weight gradients), of elementwise work two passes; full recompute repeats
+        the forward, selective the attention core, MLP-only the MLP's matmuls."""
+        backward = 2 * self.matmuls + self.attention_backward + 2 * self.elementwise
+        repeat = {"none": 0.0, "selective": self.attention_core, "full": self.forward, "mlp": self.mlp}[recompute]
+        return self.forward + backward + repeat
+
+
+def attention_core_seconds(workload: Workload, target: Target, rank: Rank, tp: int, cp: int,
+                           b: int) -> tuple[float, float]:
+    """(forward, backward) of attention for b sequences: per head and sequence the scores [s/cp, s]
+    and the output [s/cp, d_v] as GEMMs over the causal share of tiles.
+
+    Flash attention: the exponentials on ScalarE overlap the matmuls (the larger of the two),
+    and the backward runs five matmuls for the forward's two. Without it (Megatron-LM's fused
+    softmax, as in Korthikanti et al. 2022) the scores are written to HBM, then the softmax
+    and dropout read and write them (5 activation-sized passes and a 1-byte mask per score),
+    and the backward repeats the matmuls twice and the passes twice.
+    """
+    mdl, s = workload.model, workload.training.seq
+    heads = mdl.heads / tp
+    d_qk, d_v = _head_dims(workload)
+    q = s / cp
+    matmul = CAUSAL * heads * b * (gemm_seconds(target, rank, q, d_qk, s) + gemm_seconds(target, rank, q, s, d_v))
+    scores = CAUSAL * heads * b * q * s
+    if workload.training.flash_attention:
+        exps = elementwise_seconds(target, rank, scores, 0.0, "scalar")
+        return max(matmul, exps), max(FLASH_BACKWARD_MATMULS * matmul, exps)
+    passes = elementwise_seconds(target, rank, 3 * scores, (5 * workload.training.activation_bytes + 1) * scores,
+                                 "vector")
+    return matmul + passes, 2 * (matmul + passes)
+
+
+def _head_dims(workload: Workload) -> tuple[int, int]:
+    mdl = workload.model
+    if mdl.mla is None:
+        return mdl.head_dim, mdl.head_dim
+    return mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
+
+
+@lru_cache(maxsize=65536)
+def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b: int, ep: int,
+               moe: bool) -> LayerTime:
+    """One layer's forward parts for b sequences of s / cp tokens on one rank of a TP group of tp
+    (sequence parallel: norms and residuals on T / tp tokens, GEMMs on T tokens and N / tp)."""
+    mdl, h = workload.model, workload.model.hidden
+    rank = Rank.of(target, lnc)
+    tokens = workload.training.seq / cp * b
+    # attention projections: Q, K, V (KV heads replicated when tp exceeds them) and the output
+    if mdl.mla is None:
+        kv = max(mdl.kv_heads, tp) / tp
+        projections = (gemm_seconds(target, rank, tokens, h, (mdl.heads / tp + 2 * kv) * mdl.head_dim)
+                       + gemm_seconds(target, rank, tokens, mdl.heads / tp * mdl.head_dim, h))
+        rope = tokens * (mdl.heads / tp + kv) * mdl.head_dim
+    else:  # MLA: the projections as one GEMM of the same parameters per rank
+        projections = gemm_seconds(target, rank, tokens, h, mdl.attention_params() / h / tp)
+        rope = tokens * mdl.heads / tp * mdl.mla.qk_rope_head_dim
+    if moe:
+        m_moe = mdl.moe
+        local_experts = m_moe.experts / ep
+        per_expert = tokens * m_moe.top_k * ep / m_moe.experts
+        mlp = (gemm_seconds(target, rank, tokens / tp, h, m_moe.experts)  # router
+               + _ffn_seconds(target, rank, mdl.gated_mlp, per_expert, h, m_moe.expert_ffn / tp, local_experts)
+               + _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, m_moe.expert_ffn / tp, m_moe.shared_experts))
+        width = (m_moe.top_k + m_moe.shared_experts) * m_moe.expert_ffn / tp
+    else:
+        mlp = _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, mdl.ffn / tp, 1)
+        width = mdl.ffn / tp
+    sp = tokens / tp * h  # a sequence-parallel activation block, elements
+    elementwise = (
+        2 * elementwise_seconds(target, rank, 3 * sp, 3 * BF16 * sp, "vector")        # two RMSNorms
+        + 2 * elementwise_seconds(target, rank, 2 * sp, 3 * BF16 * sp, "vector")      # two residual adds
+        + elementwise_seconds(target, rank, tokens * width, 2 * BF16 * tokens * width, "scalar")  # activation
+        + (elementwise_seconds(target, rank, 2 * tokens * width, 3 * BF16 * tokens * width, "vector")
+           if mdl.gated_mlp else 0.0)                                                  # gate product
+        + elementwise_seconds(target, rank, 4 * rope, 2 * BF16 * rope, "vector"))      # RoPE on q and k
+    attention, attention_backward = attention_core_seconds(workload, target, rank, tp, cp, b)
+    return LayerTime(attention, attention_backward, projections, mlp, elementwise)
+
+
+def _ffn_seconds(target: Target, rank: Rank, gated: bool, tokens: float, h: int, ffn: float, count: float) -> float:
+    """``count`` FFNs on ``tokens`` tokens: up (and gate) [T, h] x [h, f], down [T, f] x [f, h]."""
+    if count <= 0 or tokens <= 0:
+        return 0.0
+    up = gemm_seconds(target, rank, tokens, h, (2 if gated else 1) * ffn)
+    return count * (up + gemm_seconds(target, rank, tokens, ffn, h))
+
+
+@lru_cache(maxsize=65536)
+def head_seconds(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b: int) -> float:
+    """The LM head and cross-entropy on the last stage, forward and backward: the [T, h] x [h, V/tp]
+    GEMM three times, and the FP32 logits read and written four times (softmax, loss, gradient)."""
+    mdl = workload.model
+    rank = Rank.of(target, lnc)
+    tokens = workload.training.seq / cp * b
+    logits = tokens * mdl.vocab / tp
+    return (3 * gemm_seconds(target, rank, tokens, mdl.hidden, mdl.vocab / tp)
+            + elementwise_seconds(target, rank, logits, 0.0, "scalar")
+            + elementwise_seconds(target, rank, 3 * logits, 4 * FP32 * logits, "vector"))
