@@ -29,6 +29,7 @@ from trnopt.optimizer.model.target import Target
 
 DEFAULT_MAX_DOMAINS = 4
 MAX_DRAWN = 64  # domains one picture can hold
+MAX_DRAWN_RANKS = 2**20  # and ranks: fewer domains are drawn of a very large domain
 PLOT_HINT = "not installed; the PNG needs the plot extra: pip install 'trnopt[plot]'"
 
 
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     check_int(args.domains, "--domains", 1, MAX_DRAWN)
     check_output(args.png, "--png", args.force)
     target, _, layout = read_layout(args.layout)
+    args.domains = min(args.domains, max(1, MAX_DRAWN_RANKS // target.ranks(layout.lnc, 1)))
     if args.png:
         png_map(layout, target, args.png, args.force, args.domains)
         print(f"wrote {args.png}: {min(args.domains, layout.domains)} of {layout.domains} domain(s)")
