@@ -46,7 +46,9 @@ MTBF_HOURS = Bound(1e-3, 1e9)             # 3.6 s to ~100,000 years per instance
 CHECKPOINT_GBS = Bound(1e-3, 1e6)         # checkpoint write rate per instance
 RESTART_MINUTES = Bound(0.0, 1e5)         # up to ~70 days
 # efficiency fit
-HALF_WIDTH = Bound(1e-6, 1e9)             # GEMM width at which half of max_matmul is reached
+ENGINE_GHZ = Bound(1e-3, 1e3)              # an engine's clock
+ENGINE_LANES = Bound(1, 1e6)               # elements per cycle, or a PE array's rows / tile sizes
+MICROBATCH_OVERHEAD_US = Bound(0.0, 1e7)   # fixed seconds per micro-batch, up to 10 s
 
 # counts
 MAX_PHYSICAL_CORES = 1024                 # cores per chip (Trn2: 8)

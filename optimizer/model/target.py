@@ -20,6 +20,7 @@ from trnopt.optimizer.model.tomlcheck import Table, closest, read_toml
 GB = 1e9
 GIB = 2**30
 DOMAIN_AXIS_KINDS = ("torus", "ring", "switch")
+COLLECTIVE_RUNTIMES = ("ring", "neuron")
 BUILTIN_TARGETS = ("trn1", "trn2", "trn2u", "trn3-gen1", "trn3-gen2", "a100", "h100")
 
 
@@ -42,6 +43,11 @@ class Axis:
     """Share of ``bandwidth`` that collectives reach on this link class, in (0, 1]: 1.0 is the
     datasheet figure; measured values come from nccom-test runs (``trnopt calibrate``). The cost
     model multiplies ``bandwidth`` by it."""
+    collectives: str = "ring"
+    """Whose algorithms run collectives on this axis: ``ring`` (the bandwidth-optimal ring at
+    every size, Patarasuk & Yuan 2009) or ``neuron`` (the Neuron runtime's choice by size and
+    group shape, cost/collectives.py). The ``collectives`` key of each [[axes]] table and of
+    [scale_out] (all the same; default ``ring``)."""
 
     @property
     def level(self) -> str:
@@ -68,19 +74,39 @@ class Chip:
 
 
 @dataclass(frozen=True)
-class Efficiency:
-    """Share of peak the model's matmuls reach: ``max_matmul * x / (x + half_width)``.
+class Engines:
+    """The chip's compute engines per physical core, as the NKI architecture guides give them.
 
-    ``x`` is the smallest per-rank GEMM width (hidden / TP): narrow shards starve the
-    matrix engine. The two numbers are fitted on published step times (see the target
-    file and benchmarks/accuracy.py).
+    TensorE is a ``pe_rows`` x ``stationary_fmax`` array of processing elements that streams
+    a moving tile of up to ``moving_fmax`` columns per instruction, one column per cycle;
+    an instruction issues every max(min(``matmul_min_cycles``, stationary columns), moving
+    columns) cycles. VectorE and ScalarE process ``*_lanes`` elements per cycle.
     """
 
-    max_matmul: float
-    half_width: float
+    tensor_hz: float
+    pe_rows: int
+    stationary_fmax: int
+    moving_fmax: int
+    matmul_min_cycles: int
+    vector_hz: float
+    vector_lanes: int
+    scalar_hz: float
+    scalar_lanes: int
 
-    def matmul(self, width: float) -> float:
-        return self.max_matmul * width / (width + self.half_width)
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What the engines achieve over a whole training step, fitted on published step times
+    (calibration.py; the target file says on which rows)."""
+
+    matmul: float
+    """Share of TensorE's instruction rate the step's GEMMs reach (scheduling, dependencies)."""
+    elementwise: float
+    """Share of VectorE/ScalarE rates the non-matmul work reaches."""
+    microbatch_overhead_s: float
+    """Fixed seconds per micro-batch and pipeline stage (launches, synchronisation)."""
+    fitted_on: str = ""
+    """The calibration rows the values were fitted on, or what they were carried over from."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +127,7 @@ class Target:
     domain_axes: tuple[Axis, ...]
     scale_out: Axis
     reliability: Reliability
+    engines: Engines
     efficiency: Efficiency
     runtime_reserve_bytes: float
 
@@ -125,9 +152,10 @@ class Target:
         if lnc not in self.chip.lnc_allowed:
             raise InputError("--lnc", "lnc", f"LNC={lnc} is not allowed on {self.name} "
                              f"(allowed: {', '.join(map(str, self.chip.lnc_allowed))})")
-        cores = Axis("core", self.chip.logical_cores(lnc), "core", self.chip.on_chip_bandwidth, 0.0)
+        cores = Axis("core", self.chip.logical_cores(lnc), "core", self.chip.on_chip_bandwidth, 0.0,
+                     collectives=self.scale_out.collectives)
         out = Axis(self.scale_out.name, domains, "scale_out", self.scale_out.bandwidth, self.scale_out.latency,
-                   self.scale_out.achievable)
+                   self.scale_out.achievable, self.scale_out.collectives)
         return (cores, *self.domain_axes, out)
 
     def ranks(self, lnc: int, domains: int) -> int:
@@ -196,7 +224,8 @@ def parse_target(data: dict, source: str) -> Target:
     for t in tables:
         axes.append(Axis(t.str("name", nonempty=True), t.int("size", maximum=B.MAX_AXIS_SIZE),
                          t.choice("kind", DOMAIN_AXIS_KINDS), _scaled(t, "bandwidth_gbs", GB, B.LINK_GBS),
-                         _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(t)))
+                         _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(t),
+                         t.choice("collectives", COLLECTIVE_RUNTIMES, default="ring")))
     names = [a.name for a in axes]
     if len(set(names)) != len(names) or {"core"} & set(names):
         raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
@@ -222,9 +251,14 @@ def parse_target(data: dict, source: str) -> Target:
         raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
     scale_out = Axis(net_name, 1, "scale_out",
                      _scaled(net, "bandwidth_gbps_per_instance", GB / 8, B.SCALE_OUT_GBPS) / per_instance,
-                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(net))
+                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(net),
+                     net.choice("collectives", COLLECTIVE_RUNTIMES, default="ring"))
+    if len({a.collectives for a in (*axes, scale_out)}) > 1:
+        raise net.fail("collectives", "every [[axes]] table and [scale_out] must name the same collectives runtime, got "
+                       f"{', '.join(f'{a.name}={a.collectives}' for a in (*axes, scale_out))}")
     rel = root.table("reliability")
     eff = root.table("efficiency")
+    eng = root.table("engines")
     target = Target(
         name=root.str("name", nonempty=True),
         description=root.str("description"),
@@ -237,8 +271,13 @@ def parse_target(data: dict, source: str) -> Target:
         reliability=Reliability(_scaled(rel, "instance_mtbf_hours", 3600, B.MTBF_HOURS),
                                 _scaled(rel, "checkpoint_gbs_per_instance", GB, B.CHECKPOINT_GBS),
                                 _scaled(rel, "restart_minutes", 60, B.RESTART_MINUTES, positive=False)),
-        efficiency=Efficiency(_share(eff, "max_matmul"), eff.number("half_width", bounds=(B.HALF_WIDTH.lowest,
-                                                                                           B.HALF_WIDTH.highest))),
+        engines=Engines(_scaled(eng, "tensor_ghz", 1e9, B.ENGINE_GHZ), _lanes(eng, "pe_rows"),
+                        _lanes(eng, "stationary_fmax"), _lanes(eng, "moving_fmax"), _lanes(eng, "matmul_min_cycles"),
+                        _scaled(eng, "vector_ghz", 1e9, B.ENGINE_GHZ), _lanes(eng, "vector_lanes"),
+                        _scaled(eng, "scalar_ghz", 1e9, B.ENGINE_GHZ), _lanes(eng, "scalar_lanes")),
+        efficiency=Efficiency(_share(eff, "matmul"), _share(eff, "elementwise"),
+                              _scaled(eff, "microbatch_overhead_us", 1e-6, B.MICROBATCH_OVERHEAD_US, positive=False),
+                              eff.str("fitted_on", nonempty=True)),
         runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, B.HBM_GIB, positive=False),
     )
     if target.runtime_reserve_bytes >= chip.hbm_bytes:
@@ -262,6 +301,11 @@ def _achievable(table: Table) -> float:
 def _scaled(table: Table, name: str, unit: float, bound: B.Bound, positive: bool = True) -> float:
     """``table[name] * unit`` (file units to SI), the file's value inside its physical ``bound``."""
     return table.number(name, positive=positive, bounds=(bound.lowest, bound.highest)) * unit
+
+
+def _lanes(table: Table, name: str) -> int:
+    """A count of elements per cycle or of PE-array rows or columns."""
+    return table.int(name, maximum=int(B.ENGINE_LANES.highest))
 
 
 def _share(table: Table, name: str) -> float:
