@@ -162,6 +162,9 @@ def header(workload: Workload, target: Target, layout: Layout, e: Evaluation | N
                      f"{e.memory.total / GIB:.1f} of {e.usable_bytes / GIB:.1f} GiB/chip")
     for w in warnings(target, layout):
         lines.append(f"# WARNING: {w}")
+    if lay.interleave > 1 and layers_per_stage(workload.model.layers, lay.pp * lay.interleave) is None:
+        lines.append(f"# WARNING: no pipeline_parallel_layers_per_stage gives {lay.pp * lay.interleave} virtual stages "
+                     f"of {workload.model.layers} layers; set module_fqns_per_model_part by hand")
     if workload.model.name not in MODEL_PRESETS:
         lines.append(f"# [model]: trnopt's {workload.model.name} has no torchtitan preset; set model.name and "
                      "model.flavor yourself")
