@@ -436,9 +436,9 @@ def concurrent_time(collectives: Sequence[tuple[str, float, Span]], ranks_per_ch
 
     Each puts its ring byte time per level (2(n-1)/n, or (n-1)/n, x size / (inner * B), times
     contention) on every axis of that level; on an axis several groups use, their byte times
-    add. Each finishes after its fixed part (time alone minus its byte time) plus the summed
-    byte time of its busiest axis; the result is the last to finish. All-to-all and p2p load
-    their outermost level.
+    add. Each finishes after its fixed part (time alone minus its byte time) plus, level by
+    level, the summed byte time of that level's busiest axis; the result is the last to
+    finish. All-to-all and p2p load their outermost level.
     """
     load: dict[str, float] = {}
     parts = []
@@ -447,12 +447,14 @@ def concurrent_time(collectives: Sequence[tuple[str, float, Span]], ranks_per_ch
             continue
         mine = _level_seconds(op, size, span, ranks_per_chip, runtime)
         own = sum(seconds for _, seconds in mine)
-        parts.append((collective_time(op, size, span, ranks_per_chip, runtime) - own, span))
+        groups = [[a.name for a, _ in span if a.level == lv.name] for lv, _ in mine]
+        parts.append((collective_time(op, size, span, ranks_per_chip, runtime) - own, groups))
         for lv, seconds in mine:
             for a, _ in span:
                 if a.level == lv.name:
                     load[a.name] = load.get(a.name, 0.0) + seconds
-    return max((fixed + max(load.get(a.name, 0.0) for a, _ in span) for fixed, span in parts), default=0.0)
+    return max((fixed + sum(max(load[name] for name in names) for names in groups) for fixed, groups in parts),
+               default=0.0)
 
 
 def _level_seconds(op: str, size: float, span: Span, ranks_per_chip: int, rt: Runtime) -> list[tuple[Level, float]]:
