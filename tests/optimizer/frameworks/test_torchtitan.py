@@ -101,7 +101,7 @@ def test_a_layout_torchtitan_cannot_run_is_written_with_its_warnings():
 
 def test_solve_format_torchtitan_end_to_end(capsys):
     args = ["solve", "--target", "trn2", "--model", "llama3-8b", "--instances", "1", "--seq", "2048",
-            "--global-batch", "64", "--time-limit", "5", "--format", "torchtitan"]
+            "--global-batch", "64", "--time-limit", "5", "--lnc", "2", "--format", "torchtitan"]
     assert main(args) == 0
     cfg = tomllib.loads(capsys.readouterr().out)
     assert T.world_size(cfg) == 64
