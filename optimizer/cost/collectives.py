@@ -131,10 +131,13 @@ def _ring_coefficients(op: str, span: Span, ranks_per_chip: int) -> tuple[float,
 @dataclass(frozen=True)
 class Runtime:
     """Constants of the Neuron runtime's collectives, fitted by ``fit_runtime`` on the nccom-test
-    examples of the "NCCOM-TEST User Guide" (Neuron SDK docs); see ``NCCOM_TEST``.
+    examples of the "NCCOM-TEST User Guide" (Neuron SDK docs): ``NCCOM_16_RANKS`` and
+    ``NCCOM_64_RANKS_2_NODES``.
 
     - ``launch``: fixed seconds of every collective (its floor: the Mesh time of a 4-byte
-      all-reduce minus its two hops).
+      all-reduce minus its two hops). The least certain constant: the same guide's newer
+      all-gather examples (8 and 32 ranks) floor at 6-10 us, so it varies with instance and
+      SDK release; calibration on step times should refit it and ``ring_setup``.
     - ``ring_setup``: extra fixed seconds of the ring family (Ring, KangaRing) inside a node:
       the intercept of the line through the two KangaRing points, minus launch and hops.
     - ``rdh_step``: synchronisation seconds per RDH step on top of its hop latency (each
@@ -168,8 +171,8 @@ NEURON = Runtime(launch=296.80e-6, ring_setup=1974.0e-6, rdh_step=58.58e-6, inte
 
 # Neuron's nccom-test examples ("NCCOM-TEST User Guide", aws-neuron-sdk
 # tools/neuron-sys-tools/nccom-test.rst): (bytes per rank, microseconds, algorithm shown).
-# The instance types are not stated. The 16-rank run (--show-algorithm, added in SDK 2.28)
-# uses KangaRing, which pairs the four LNC=2 ranks of a Trainium2 chip: a trn2.48xlarge,
+# The instance types are not stated. The 16-rank run (the --show-algorithm example, in the
+# guide since SDK 2.28) uses KangaRing, which pairs the four LNC=2 ranks of a Trainium2 chip: a trn2.48xlarge,
 # ranks 0-15 = chips 0-3 = its torus x axis. The two-instance run (-r 64 -N 2, in the guide
 # since SDK 2.10, May 2023, before Trn2) is two trn1.32xlarge: 32 ranks = 16 chips x 2 cores each.
 NCCOM_16_RANKS = ((4, 299.91, "mesh"), (32, 299.69, "mesh"), (512, 299.82, "mesh"), (8192, 299.74, "mesh"),
@@ -511,9 +514,9 @@ def fit_runtime(trn2_16: Span, trn1_64: Span) -> Fit:
     p_chip = _ring_coefficients("all_reduce", chip, 4)[0]
     p_link = _ring_coefficients("all_reduce", trn2_16, 4)[0] - p_chip
     neuronlink = p_link / (slope - p_chip)
-    ring_setup = intercept - launch - 2 * (16 // 2 - 1) * a16
+    ring_setup = intercept - launch - 2 * _hops("kangaring", 4, 16) * a16
     size, t_rdh, _ = next(p for p in NCCOM_16_RANKS if p[2] == "rdh")
-    steps = 2 * (1 + 2)
+    steps = 2 * _hops("rdh", 4, 16)
     shared = _with_share(trn2_16, neuronlink, 1.0)
     rdh_bytes = size * _ring_coefficients("all_reduce", replace_latency(shared, 0.0), 4)[0]
     rdh_step = (t_rdh * 1e-6 - launch - rdh_bytes) / steps - a16
