@@ -151,7 +151,8 @@ def sbatch(launch: Launch) -> str:
     if ipd > 1:
         lines += [
             f"#SBATCH --segment={ipd}",
-            f"# --segment={ipd}: whole UltraServers only. It needs the topology/block plugin with one block per",
+            f"# --segment={ipd}: whole UltraServers only. It needs a Slurm with the topology/block plugin and sbatch",
+            "# --segment, configured with one block per",
             f"# UltraServer (topology.conf: BlockName=<ultraserver-id> Nodes=<its {ipd} hosts>, BlockSizes={ipd}).",
             "# A failed instance ends the job (srun --kill-on-bad-exit); --requeue allocates whole UltraServers again,",
             "# so an UltraServer is scheduled and replaced as one unit.",
