@@ -49,7 +49,7 @@ def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_
 
 
 @nki.jit
-def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4, sbuf_bytes=SBUF_TRN2):
+def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TRN2):
     """Z_shard = reduce_scatter(X @ W_shard) along M, the reduce-scatter hidden in a ring.
 
     Dimensions:
@@ -67,7 +67,8 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4, sbuf_bytes=SBUF_
             the ring forward on channel 0, the second backward on channel 1).
         pieces: each step's partial travels in up to this many column slabs (aligned to the
             matmul's column groups, which run left to right), each sent as soon as its
-            columns are computed; the last step adds each slab as it arrives.
+            columns are evacuated; the last step adds each slab as it arrives. None: one
+            slab per column group.
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
 
     Returns:
@@ -93,10 +94,20 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4, sbuf_bytes=SBUF_
             for c, (_, h) in enumerate(halves)]
     acc = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
            for c, (_, h) in enumerate(halves)]
-    assert pieces >= 1, f"pieces must be >= 1, got {pieces}"
+    assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True, sbuf_bytes=sbuf_bytes)
-    slabs = unit_pieces(n, tiling.n_tiles * MOVING_FMAX, pieces)
+    group_cols = tiling.n_tiles * MOVING_FMAX
+    slabs = unit_pieces(n, group_cols, pieces if pieces is not None else -(-n // group_cols))
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=w.dtype, name="rs")
+
+    def sender(s):
+        # send each slab once the evacuation of its last column group is emitted
+        todo = list(slabs)
+
+        def on_evac(n0, ncols):
+            while todo and todo[0][0] + todo[0][1] <= n0 + ncols:
+                _ring_step(rg, s, part, acc, chans, *todo.pop(0))
+        return on_evac
     for s in range(tp):
         last = s == tp - 1
         blocks = []
@@ -107,15 +118,9 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=4, sbuf_bytes=SBUF_
                 blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, 0:n], addend))
             else:
                 blocks.append(RowBlock(x_t[0:k, col:col + h], part[c][s % 2]))
-        # The previous step's last column slab is sent once its evacuation is emitted, after
-        # this step's first loads (see MatmulPipeline); the others right after their step.
-        hook = None
-        if s > 0:
-            hook = (lambda s_=s - 1: _ring_step(rg, s_, part, acc, chans, *slabs[-1]))
-        pipe(blocks, w, n_outer=True, hook=hook, flush=last)
-        if not last:
-            for n0, nl_ in slabs[:-1]:
-                _ring_step(rg, s, part, acc, chans, n0, nl_)
+        # Column groups run left to right (n_outer); a slab goes on as soon as its columns
+        # are evacuated, the last one once the next step's first loads are out (MatmulPipeline).
+        pipe(blocks, w, n_outer=True, flush=last, on_evac=None if last else sender(s))
     return z
 
 

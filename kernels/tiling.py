@@ -104,6 +104,7 @@ class MatmulTiling:
     n_tiles: int = 2  # output column tiles (of <= 512) per PSUM group
     out_bufs: int = 2  # SBUF staging groups for PSUM evacuation
     resident_w: bool = False  # the whole weight in SBUF, loaded once
+    resident_x: bool = False  # a call's x (one row group) in SBUF, loaded once for all column groups
 
     def __post_init__(self) -> None:
         assert self.k_block >= 1, f"k_block must be >= 1, got {self.k_block}"
@@ -119,6 +120,8 @@ class MatmulTiling:
         w = (math.ceil(k / PMAX) * n if self.resident_w else 2 * self.k_block * ncols) * in_itemsize
         o = self.out_bufs * self.m_tiles * ncols * out_itemsize
         a = 2 * self.m_tiles * ncols * addend_itemsize
+        if self.resident_x:
+            x = 2 * math.ceil(k / PMAX) * self.m_tiles * STATIONARY_FMAX * in_itemsize
         return x + w + o + a
 
     def traffic_bytes(self, m: int, k: int, n: int, itemsize: int) -> int:
@@ -135,7 +138,8 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     Uses all 8 PSUM banks for a group (fewest re-reads), biased towards whole row blocks
     (x re-read less); keeps the weight resident when it fits; then the largest K block
     (fewer, larger DMAs) within ``SBUF_SHARE`` of ``sbuf_bytes`` per partition (the
-    target chip's capacity).
+    target chip's capacity). When a call's rows make one row group but several column
+    groups, x stays on chip for the call (``resident_x``) if that fits too.
     """
     m_t = min(math.ceil(rows / STATIONARY_FMAX), PSUM_BANKS)
     n_t = min(math.ceil(n / MOVING_FMAX), max(1, PSUM_BANKS // m_t))
@@ -143,11 +147,13 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     kt = math.ceil(k / PMAX)
     a_size = in_itemsize if addend else 0
     budget = int(sbuf_bytes * SBUF_SHARE)
+    one_row_group = math.ceil(rows / STATIONARY_FMAX) <= m_t and math.ceil(n / MOVING_FMAX) > n_t
     for resident in (True, False):
         for kb in (8, 4, 2, 1):
-            t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=n_t, resident_w=resident)
-            if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget:
-                return t
+            for rx in ((True, False) if one_row_group else (False,)):
+                t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=n_t, resident_w=resident, resident_x=rx)
+                if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget:
+                    return t
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
     raise AssertionError(f"matmul tiling for rows={rows}, k={k}, n={n} needs "
                          f"{t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "
@@ -211,8 +217,10 @@ class MatmulPipeline:
         self.k_blocks = [(i, self.k_tiles[i:i + kb]) for i in range(0, len(self.k_tiles), kb)]
         self.ncols = min(tiling.n_tiles * MOVING_FMAX, n)
         mcols = tiling.m_tiles * STATIONARY_FMAX
-        self.x_bufs = [nl.ndarray((PMAX, kb, mcols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_x{i}")
+        xk = len(self.k_tiles) if tiling.resident_x else kb
+        self.x_bufs = [nl.ndarray((PMAX, xk, mcols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_x{i}")
                        for i in range(2)]
+        self._calls = 0
         if tiling.resident_w:
             self.w_res = nl.ndarray((PMAX, len(self.k_tiles), n), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_w")
         else:
@@ -291,11 +299,14 @@ class MatmulPipeline:
         due = [(i * half) // len(side) for i in range(len(side))]
         due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
         self._side, self._due, self._iter = list(side) + list(late), due, 0
-        self._hook = hook
+        self._hook, self._on_evac = hook, on_evac
         if x_sbuf is not None:
             want = (PMAX, len(self.k_tiles), sum(b.rows for b in blocks))
             assert tuple(x_sbuf.shape) == want, f"{self.name}: x_sbuf shape {tuple(x_sbuf.shape)} != {want}"
         self._x_sbuf = x_sbuf
+        self._calls += 1
+        if self.t.resident_x:
+            assert len(mgs) == 1, f"{self.name}: resident_x tiling for one row group, got {len(mgs)}"
         for mi, (mg, ng) in enumerate(pairs):
             self._group(mg, ng, w, (mi // len(ngs) if not n_outer else mi % len(mgs)) * self.t.m_tiles)
         for item in self._side:
@@ -366,6 +377,11 @@ class MatmulPipeline:
         for bi, (t0, kblock) in enumerate(self.k_blocks):
             if self._x_sbuf is not None:
                 xb, xslot, xc0 = self._x_sbuf, t0, tile0 * STATIONARY_FMAX
+            elif self.t.resident_x:
+                xb, xslot, xc0 = self.x_bufs[self._calls % 2], t0, 0
+                if n0 == 0:  # the first column group loads x for the whole call
+                    for b, r0, rs, col in segs:
+                        self._load_block(xb, t0, kblock, b.x_t[:, r0:r0 + rs], col, rs, "ld_x")
             else:
                 xb, xslot, xc0 = self.x_bufs[self._xi % 2], 0, 0
                 self._xi += 1
