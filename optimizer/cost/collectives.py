@@ -30,7 +30,21 @@ Axes whose ``collectives`` is ``"ring"`` (hand-built axes, the NVIDIA targets) r
 plain ring above at every size. Axes whose ``collectives`` is ``"neuron"`` (the Trainium
 targets) run what the Neuron runtime runs (``stages``): an algorithm chosen by message
 size and group shape, composed hierarchically across nodes, with the fixed costs that
-Neuron's own nccom-test runs show (``Runtime``, ``fit_runtime``).
+Neuron's own nccom-test runs show (``Runtime``, ``fit_runtime``). Per reduce-scatter or
+all-gather phase among n ranks (n_c on each chip, n/n_c chips), with alpha the hop latency
+and W = sum over levels of (n-1)/n * S / (inner * B) the bandwidth-optimal byte time:
+
+    algorithm   size (bytes/rank)   steps             byte time               fixed (once per op)
+    Mesh        < 1 MB              1                 W, domain x routed hops launch
+    RDH         < 12 MiB, 2^p chips [n_c>1]+log2(n/n_c) W (+ rdh_step a step)  launch
+    KangaRing   above, all ranks    n/2 - 1           W                       launch + ring_setup
+    Ring        above, otherwise    n - 1             W                       launch + ring_setup
+
+Across nodes (EFA, ~15 us a hop): Mesh (< 1 MB, <= 8 nodes) 1 step, RDH (2^p nodes) log2
+steps, Ring n-1 steps, each moving W; a group that crosses nodes adds ``internode`` once.
+An all-reduce is a reduce-scatter then an all-gather. Sources: "Intra-node Collective
+Communications with AWS Neuron" and "Inter-node Collective Communications with AWS
+Neuron" (Neuron runtime deep dives), "NCCOM-TEST User Guide" (Neuron SDK docs).
 """
 
 from __future__ import annotations
