@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import checks, rates
-from .errors import ConstraintError, SymmetryError, UninitializedReadError, where
+from .errors import ConstraintError, UninitializedReadError, where
 from .rates import LinkModel
 from .lnc import SharedHbm
 from .rendezvous import Rendezvous
@@ -75,7 +75,7 @@ class CoreContext:
         self._shared_seq = 0
         self.timeline = CoreTimeline(rank, program)
         self._span: dict[int, list] = {}  # on-chip alloc id -> [first, last access, buffer, bytes, label]
-        self._labels: list[str] = []  # "rank r, op(name)" of each instruction, in issue order
+        self._labels: list[tuple[str, str | None]] = []  # (op, name) of each instruction, in issue order
         self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
         self.inputs: set[int] = set()
         self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit),
@@ -171,7 +171,7 @@ class CoreContext:
                 live = sorted((sp for sp in spans if sp[0] <= at <= sp[1]), key=lambda sp: -sp[3])
                 largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
                 raise ConstraintError(
-                    f"{self._labels[at]}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
+                    f"{self.where(*self._labels[at])}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
                     f"partition > {limit} ({what}); {len(live)} tensors live from first to last use, largest: "
                     f"{largest}")
 
@@ -214,26 +214,20 @@ class CoreContext:
         v.set_written(True)
 
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
-        """Liveness of on-chip operands (``check_capacity``), symmetric-run and cross-program
-        checks of an instruction's operands."""
+        """Liveness of on-chip operands (``check_capacity``) and cross-program checks of an
+        instruction's operands."""
         seq = len(self._labels)
-        self._labels.append(self.where(op, name))
+        self._labels.append((op, name))
         span = self._span
-        for v in reads + writes:
-            a = v.alloc
-            if a.buffer.on_chip:
-                sp = span.get(a.id)
-                if sp is None:
-                    span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]
-                else:
-                    sp[1] = seq
-        if self.rendezvous.symmetric:
-            for v in reads:
-                if v.lanes is not None:
-                    raise SymmetryError(
-                        f"{self.where(op, name)}: reads tensor {v.alloc.label()} at an offset that differs "
-                        f"between ranks (a rank-dependent register); a symmetric run cannot check the other "
-                        f"ranks' reads (run with symmetric=False)")
+        for views in (reads, writes):
+            for v in views:
+                a = v.alloc
+                if a.buffer.on_chip:
+                    sp = span.get(a.id)
+                    if sp is None:
+                        span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]
+                    else:
+                        sp[1] = seq
         if self.lnc > 1:
             self.shared_hbm.access(self.program, self.where(op, name), reads, writes)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import checks, rates
 from . import language as nl
+from .constants import engine as _engine
 from .constants import reduce_cmd
 from .errors import ConstraintError, SimulatorError
 from .instruction import NkiInstruction
@@ -512,3 +513,125 @@ def nc_n_gather(dst, data, indices, name=None):
             raise ConstraintError(f"{o.w}: indices outside [0, {d.shape[1]})")
         o.write(dst, np.take_along_axis(d, i, axis=1))
     return o.issue("GpSimd", checks.free_size(indices))
+
+
+def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False, reverse1=False, reduce_op=None,
+              reduce_res=None, reduce_cmd=reduce_cmd.idle, name=None):
+    """``dst = op((data op0 imm0) op1 imm1)`` on the Scalar engine (nl.bypass skips a stage);
+    with reduce_op the result is also reduced into reduce_res."""
+    o = _Op("activate2", name)
+    data, dst = o.tile(data, "data"), o.tile(dst, "dst", write=True)
+    checks.same_partitions(dst, data, o.w, "dst", "data")
+    p = data.shape[0]
+    i0, i1 = o.scalar_or_column(imm0, p, "imm0", data.ndim), o.scalar_or_column(imm1, p, "imm1", data.ndim)
+    if reduce_res is not None:
+        reduce_res = o.tile(reduce_res, "reduce_res", write=True)
+    if o.ctx.numerics:
+        x = o.value(data)
+        for fn, imm, rev in ((op0, i0, reverse0), (op1, i1, reverse1)):
+            if fn is not None and _op_name(fn) != "bypass":
+                x = fn(imm, x) if rev else fn(x, imm)
+        y = np.asarray(op(x, relu_param) if _op_name(op) == "prelu" else op(x), dtype=np.float32)
+        o.write(dst, y)
+        if reduce_res is not None and reduce_op is not None:
+            flat = _flat(y)
+            red = {"add": flat.sum(1), "maximum": flat.max(1), "minimum": flat.min(1)}.get(_op_name(reduce_op))
+            if red is None:
+                raise ConstraintError(f"{o.w}: reduce_op must be nl.add, nl.maximum or nl.minimum")
+            o.write(reduce_res, red)
+    return o.issue("Scalar", checks.free_size(data))
+
+
+# --- random numbers ----------------------------------------------------------------------------
+# The device's generators (XORWOW on the Vector engine, "nki.isa.rand2"; per-engine states,
+# "nki.isa.rand_set_state") are not reproduced: the simulator draws from NumPy's PCG64,
+# seeded per program by set_rng_seed / rand_set_state (default seed 0). Distributions and
+# shapes follow the pages; the values differ from the device's.
+def _rng(ctx: Any) -> np.random.Generator:
+    if getattr(ctx, "isa_rng", None) is None:
+        ctx.isa_rng = np.random.default_rng(0)
+    return ctx.isa_rng
+
+
+def set_rng_seed(src_seeds, name=None):
+    """Seed the random number generator from the values of ``src_seeds``."""
+    o = _Op("set_rng_seed", name)
+    src_seeds = o.tile(src_seeds, "src_seeds", on_chip=False)
+    seed = o.value(src_seeds, integer=True).reshape(-1).astype(np.int64).tolist() if o.ctx.numerics else [0]
+    o.ctx.isa_rng = np.random.default_rng([int(s) & 0xFFFFFFFF for s in seed])
+    return o.issue("GpSimd", 1)
+
+
+def rand_set_state(src_seeds, engine=_engine.gpsimd, name=None):
+    """Set the generator state from ``src_seeds`` (see set_rng_seed)."""
+    return set_rng_seed(src_seeds, name=name)
+
+
+def rand_get_state(dst, engine=_engine.gpsimd, name=None):
+    """Write a snapshot of the generator state (32-bit words) into ``dst``."""
+    o = _Op("rand_get_state", name)
+    dst = o.tile(dst, "dst", write=True, on_chip=False)
+    if o.ctx.numerics:
+        words = _rng(o.ctx).bit_generator.state["state"]["state"]
+        vals = np.array([(words >> (32 * i)) & 0xFFFFFFFF for i in range(dst.size)], dtype=np.uint64)
+        o.write(dst, vals.astype(dst.dtype))
+    return o.issue("GpSimd", 1)
+
+
+def rng(dst, engine=_engine.vector, name=None):
+    """32 random bits per element, truncated to the integer dtype of ``dst``."""
+    o = _Op("rng", name)
+    dst = o.tile(dst, "dst", write=True)
+    if dst.dtype.kind not in "iu":
+        raise ConstraintError(f"{o.w}: dst must be an integer dtype, got {dst.dtype.name}")
+    if o.ctx.numerics:
+        bits = _rng(o.ctx).integers(0, 2 ** 32, size=dst.shape, dtype=np.uint64)
+        o.write(dst, (bits & ((1 << (8 * dst.dtype.itemsize)) - 1)).astype(np.uint64).astype(dst.dtype, casting="unsafe"))
+    return o.issue("Vector", checks.free_size(dst))
+
+
+def rand2(dst, min, max, name=None):  # noqa: A002 - the reference names
+    """Uniform random numbers in [min, max] (scalars or [P, 1] tiles), cast to dst's dtype."""
+    o = _Op("rand2", name)
+    dst = o.tile(dst, "dst", write=True)
+    p = dst.shape[0]
+    lo, hi = o.scalar_or_column(min, p, "min", dst.ndim), o.scalar_or_column(max, p, "max", dst.ndim)
+    if o.ctx.numerics:
+        u = _rng(o.ctx).random(dst.shape, dtype=np.float32)
+        o.write(dst, lo + u * (hi - lo))
+    return o.issue("Vector", checks.free_size(dst))
+
+
+def dropout(dst, data, prob, name=None):
+    """Elements of ``data`` replaced by zero with probability ``prob`` (a scalar or [P, 1] tile)."""
+    o = _Op("dropout", name)
+    data, dst = o.tile(data, "data"), o.tile(dst, "dst", write=True)
+    if dst.dtype != data.dtype:
+        raise ConstraintError(f"{o.w}: dst dtype {dst.dtype.name} must match data dtype {data.dtype.name}")
+    pr = o.scalar_or_column(prob, data.shape[0], "prob", data.ndim)
+    if o.ctx.numerics:
+        keep = _rng(o.ctx).random(data.shape, dtype=np.float32) >= pr
+        o.write(dst, np.where(keep, o.value(data), 0))
+    return o.issue("Vector", checks.free_size(data))
+
+
+def topk(val_dst, idx_dst, src, n, name=None):
+    """The K largest of the ``n`` BF16 elements of a 16-partition snake (element i in partition
+    i % 16, column i // 16 of each 16-partition group), ascending, and their indices."""
+    o = _Op("topk", name)
+    src, val_dst, idx_dst = o.tile(src, "src"), o.tile(val_dst, "val_dst", write=True), o.tile(idx_dst, "idx_dst", write=True)
+    n, k = int(n), checks.free_size(val_dst)
+    if src.shape[0] % 16 or not 8 <= n < 65536 or not 1 <= k <= n or checks.free_size(src) * 16 < n:
+        raise ConstraintError(f"{o.w}: needs partitions a multiple of 16, 8 <= n < 65536, 1 <= K <= n and "
+                              f"src free size >= ceil(n / 16); got src {src.shape}, n={n}, K={k}")
+    if o.ctx.numerics:
+        x = _flat(o.value(src))
+        vals = np.zeros((src.shape[0], k), np.float32)
+        idxs = np.zeros((src.shape[0], k), np.int64)
+        for g in range(0, src.shape[0], 16):
+            snake = x[g:g + 16].T.reshape(-1)[:n]
+            top = np.argsort(snake, kind="stable")[-k:]
+            vals[g:g + 16], idxs[g:g + 16] = snake[top], top
+        o.write(val_dst, vals)
+        o.write(idx_dst, idxs.astype(idx_dst.dtype))
+    return o.issue("GpSimd", 4 * n + k)

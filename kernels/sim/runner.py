@@ -26,16 +26,15 @@ the simulator guarantees or checks:
     can skip or mismatch a collective, or put a matmul input in PSUM, unless rank 0 does;
   * addresses: a view at a rank-dependent offset (register arithmetic in ``.ap`` or
     ``nl.ds``) keeps every rank's offset; each is bounds-checked (an out-of-bounds access of
-    any rank fails, naming it), its dependency box is the whole tensor on every rank, and
-    an instruction that *reads* at a rank-dependent offset raises SymmetryError (another
-    rank could read memory rank 0 does not);
+    any rank fails, naming it) and its dependency box is the whole tensor on every rank;
   * collectives run on symmetric groups: rank-lists of one size that together hold all
     ranks, or for ``collective_permute`` pairs in which every rank sends once and
     receives once (checked when the collective is issued).
-Reads of unwritten memory are found only with numerics, which symmetric runs never have
-(as in any schedule-only run).
+Reads of unwritten memory are found only with numerics; a symmetric run refuses numerics
+(``symmetric=True`` raises SymmetryError, the default runs every rank), so no run that
+could find such a read is ever replaced by rank 0's.
 ``symmetric=True`` raises ``SymmetryError`` when a checked condition fails (numerics on,
-arguments that differ between ranks, an asymmetric group, a rank-dependent read or loop).
+arguments that differ between ranks, an asymmetric group, a rank-dependent loop).
 ``symmetric=None`` (the default) chooses: symmetric when numerics=False, more than one
 rank, and the arguments agree; if a SymmetryError comes up, it falls back to the full run.
 ``symmetric=False`` always runs every rank.

@@ -230,3 +230,26 @@ def test_checks_run_without_numerics() -> None:
         run_ranks(psum_nine_banks, [()], numerics=False)
     with pytest.raises(ConstraintError, match="matmul moving free size 1024 > 512"):
         run_ranks(matmul_shapes, [()], numerics=False, kwargs=dict(k=128, m=128, n=1024))
+
+
+@nki.jit
+def permute_from_shared(x, kind):
+    """A collective whose src is a shared_hbm buffer at LNC 1."""
+    g = ncc.ReplicaGroup([[0, 1]])
+    src = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=src, src=x)
+    dst = nl.ndarray(x.shape if kind == "permute" else (2 * x.shape[0], x.shape[1]), dtype=x.dtype,
+                     buffer=nl.private_hbm)
+    if kind == "permute":
+        ncc.collective_permute_implicit(srcs_by_channel=[[src]], dsts_by_channel=[[dst]], replica_group=g)
+    else:
+        ncc.all_gather(srcs=[src], dsts=[dst], replica_group=g, collective_dim=0)
+
+
+def test_lnc1_private_hbm_rule_applies_to_the_collectives_whose_pages_state_it() -> None:
+    """all_gather / all_reduce / reduce_scatter pages (SDK 2.33): LNC 1 srcs on private_hbm;
+    collective_permute_implicit's page has no such rule (AWS's ring kernels use shared_hbm)."""
+    x = [(np.ones((2, 4), F32),)] * 2
+    run_ranks(permute_from_shared, x, kwargs=dict(kind="permute"))
+    with pytest.raises(ConstraintError, match="with LNC degree 1 collective srcs on HBM must be in private_hbm"):
+        run_ranks(permute_from_shared, x, kwargs=dict(kind="all_gather"))

@@ -3,9 +3,8 @@ and refuse or fall back where a fault could hide on a rank they do not simulate.
 
 A kernel cannot branch on a rank id in Python (it is a register, as on the device), so a
 rank differs from rank 0 only through its arguments (a symmetric run requires them equal),
-register values used as dynamic offsets (every rank's offset is bounds-checked; a
-rank-dependent read falls back to the full run) and dynamic loops on registers (a
-rank-dependent trip count falls back too).
+register values used as dynamic offsets (every rank's offset is bounds-checked) and
+dynamic loops on registers (a rank-dependent trip count falls back to the full run).
 """
 
 from __future__ import annotations
@@ -201,6 +200,23 @@ def test_rank_dependent_offsets():
     with pytest.raises(ConstraintError, match="outside its 64 elements on rank 3"):
         run_ranks(rank_offset_write, specs, numerics=False, kwargs=dict(rows_per_rank=3), symmetric=True)
     tall = [(TensorSpec((4, 8), np.float32),)] * 4
-    with pytest.raises(SymmetryError, match="differs between ranks"):
-        run_ranks(rank_offset_read, tall, numerics=False, symmetric=True)
-    assert not run_ranks(rank_offset_read, tall, numerics=False).symmetric
+    _same_timeline(rank_offset_read, tall, {})
+    with pytest.raises(ConstraintError, match="outside its 16 elements on rank 2"):
+        run_ranks(rank_offset_read, [(TensorSpec((2, 8), np.float32),)] * 4, numerics=False, symmetric=True)
+
+
+@nki.jit
+def rank_loop(x):
+    """A dynamic loop whose trip count is the rank id."""
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    for _ in nl.dynamic_range(ncc.rank_id()):
+        nisa.dma_copy(dst=t, src=x)
+
+
+def test_rank_dependent_loop_falls_back_to_the_full_run():
+    specs = [(TensorSpec((2, 8), np.float32),)] * 4
+    with pytest.raises(SymmetryError, match="loop bound differs between ranks"):
+        run_ranks(rank_loop, specs, numerics=False, symmetric=True)
+    res = run_ranks(rank_loop, specs, numerics=False)
+    assert not res.symmetric
+    assert [c.counts.get("DMA", 0) for c in res.timeline.cores] == [0, 1, 2, 3]
