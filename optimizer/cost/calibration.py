@@ -8,10 +8,12 @@ Two sets of rows, each scoring one target family:
 - targets/measured/trn1-published.csv: six published trn1.32xlarge runs of NxD and
   NeuronX NeMo Megatron (sources in the file's header), 32 nodes each.
 
-The free parameters are those of ``Efficiency``: the share of TensorE's instruction rate
-the step's GEMMs reach, the share of VectorE/ScalarE rates the rest reaches, and a fixed
-cost per micro-batch. ``fit`` picks them on a grid by the least mean absolute error of
-the rows; everything else (engine clocks, tile rules, link rates) is a documented figure.
+The free parameters are those of ``Efficiency`` (the share of TensorE's instruction rate
+the step's GEMMs reach, the share of VectorE/ScalarE rates the rest reaches, a fixed cost
+per micro-batch) and, for trn1, the achievable share of its NeuronLink torus (no nccom-test
+measurement of trn1's links is published with its instance type stated). ``fit`` picks them
+on grids by the least mean absolute error of the rows; everything else (engine clocks, tile
+rules, datasheet link rates) is a documented figure.
 Trn2 and Trn3 carry trn1's fitted values (no Trn2/Trn3 run with a stated layout and
 throughput is published), and ``band`` says how far the rows' errors leave the answer.
 """
@@ -40,6 +42,8 @@ TRN1_FILE = "measured/trn1-published.csv"
 MATMUL_GRID = tuple(x / 100 for x in range(20, 101, 2))
 ELEMENTWISE_GRID = (0.25, 0.5, 0.75, 1.0)
 OVERHEAD_US_GRID = (0, 1000, 2500, 5000, 10000, 20000, 40000)
+LINK_SHARE_GRID = tuple(x / 20 for x in range(2, 21))
+FIXED_SHARE_GRID = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -114,15 +118,55 @@ def mean_abs_error(target: Target, cases: list[Case]) -> float:
     return sum(abs(r.error) for r in scored) / len(scored)
 
 
-def fit(target: Target, cases: list[Case]) -> tuple[float, Efficiency]:
-    """(mean |error|, efficiency) at the grid point with the least mean absolute error on ``cases``."""
-    best = None
-    for matmul, elementwise, overhead_us in itertools.product(MATMUL_GRID, ELEMENTWISE_GRID, OVERHEAD_US_GRID):
-        eff = dataclasses.replace(target.efficiency, matmul=matmul, elementwise=elementwise,
-                                  microbatch_overhead_s=overhead_us * 1e-6)
-        score = mean_abs_error(dataclasses.replace(target, efficiency=eff), cases)
-        if best is None or score < best[0]:
-            best = (score, eff)
+@dataclass(frozen=True)
+class Fit:
+    """The free parameters of one target family and how well they fit."""
+
+    mean_abs_error: float
+    efficiency: Efficiency
+    link_share: float  # achievable share of the scale-up links (every domain axis)
+
+    def apply(self, target: Target) -> Target:
+        axes = tuple(dataclasses.replace(a, achievable=self.link_share) for a in target.domain_axes)
+        return dataclasses.replace(target, efficiency=self.efficiency, domain_axes=axes)
+
+
+GRIDS = {"matmul": MATMUL_GRID, "elementwise": ELEMENTWISE_GRID, "overhead_us": OVERHEAD_US_GRID,
+         "fixed_share": FIXED_SHARE_GRID, "link_share": LINK_SHARE_GRID}
+
+
+NEURON_FREE = ("matmul", "elementwise", "overhead_us", "fixed_share", "link_share")
+GPU_FREE = ("matmul", "elementwise", "overhead_us")  # NCCL rings: no Neuron runtime constants
+
+
+def fit(target: Target, cases: list[Case], free: tuple[str, ...] = NEURON_FREE) -> Fit:
+    """The grid point with the least mean absolute error on ``cases``, by coordinate descent over
+    the ``free`` parameters: from the middle of every grid, each parameter in turn takes its best
+    grid value given the others, until a whole round changes none (deterministic, and a few
+    hundred evaluations instead of the grid's product). Parameters not free keep the target's."""
+    e0 = target.efficiency
+    fixed = {"matmul": e0.matmul, "elementwise": e0.elementwise, "overhead_us": e0.microbatch_overhead_s * 1e6,
+             "fixed_share": e0.collective_fixed_share, "link_share": target.domain_axes[0].achievable}
+    point = {**fixed, **{n: GRIDS[n][len(GRIDS[n]) // 2] for n in free}}
+
+    def candidate(p: dict) -> Fit:
+        eff = dataclasses.replace(e0, matmul=p["matmul"], elementwise=p["elementwise"],
+                                  microbatch_overhead_s=p["overhead_us"] * 1e-6,
+                                  collective_fixed_share=p["fixed_share"])
+        trial = Fit(0.0, eff, p["link_share"])
+        applied = trial.apply(target) if "link_share" in free else dataclasses.replace(target, efficiency=eff)
+        return Fit(mean_abs_error(applied, cases), eff, p["link_share"])
+
+    best = candidate(point)
+    for _ in range(20):
+        changed = False
+        for n in free:
+            for v in GRIDS[n]:
+                trial = candidate({**point, n: v})
+                if trial.mean_abs_error < best.mean_abs_error - 1e-12:
+                    best, point, changed = trial, {**point, n: v}, True
+        if not changed:
+            break
     return best
 
 

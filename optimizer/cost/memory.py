@@ -55,17 +55,53 @@ def zero_state_per_chip(params: float, model_parallel_chips: int, dp: int, zero:
 
 
 def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:
-    """One layer, one micro-batch, one rank: Korthikanti et al. (2022) with TP + SP (see module doc)."""
+    """One layer, one micro-batch, one rank: Korthikanti et al. (2022) with TP + SP (see module doc).
+
+    Flash attention (the default) never stores the a*s^2 scores, so the 5as/h term appears
+    only without it. MLP-only recompute keeps the attention's 11, the norms' 4 and the MLP's
+    input (2), and recomputes the MLP's interior."""
     m, tr = workload.model, workload.training
     s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
     mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
-    per_token = 11 + mlp + 4
+    scores = 0.0 if tr.flash_attention else 5 * m.heads * s / h
     sbh_t = s * b * h / t
     if recompute == "full":
         return 2 * sbh_t
     if recompute == "selective":
-        return per_token * sbh_t
-    return sbh_t * (per_token + 5 * m.heads * s / h)
+        return (11 + mlp + 4) * sbh_t
+    if recompute == "mlp":
+        return (11 + 4 + 2 + scores) * sbh_t
+    return sbh_t * (11 + mlp + 4 + scores)
+
+
+def recompute_working_set(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:
+    """Bytes a recomputed layer holds while its backward runs: the layer's activations as if
+    nothing were recomputed (one layer, one micro-batch), beyond what it keeps."""
+    if recompute == "none":
+        return 0.0
+    return (activation_bytes_per_layer(workload, tp, cp, micro_batch, "none")
+            - activation_bytes_per_layer(workload, tp, cp, micro_batch, recompute))
+
+
+def logits_bytes(workload: Workload, tp: int, cp: int, micro_batch: int) -> float:
+    """FP32 logits and their gradient on the last stage: s/cp * b * V/tp * 8 bytes."""
+    tr = workload.training
+    return tr.seq / cp * micro_batch * workload.model.vocab / tp * 8
+
+
+def gathered_layer_bytes(workload: Workload, tp: int, ep: int) -> float:
+    """ZeRO-3 / FSDP buffers per rank: the layer in use and the one prefetched, unsharded over DP
+    (BF16 weights), and one layer's unsharded gradient reduced in FP32 (torchtitan's default
+    mixed_precision_reduce), for the largest layer (PyTorch FSDP2 prefetches one layer ahead)."""
+    mdl, tr = workload.model, workload.training
+    dense = mdl.attention_params() + 2 * mdl.hidden + (mdl.mlp_params(mdl.ffn) if mdl.dense_layers else 0)
+    largest = dense / tp
+    if mdl.moe is not None:
+        moe = mdl.moe
+        routed = moe.experts * mdl.mlp_params(moe.expert_ffn)
+        shared = moe.shared_experts * mdl.mlp_params(moe.expert_ffn) + mdl.hidden * moe.experts
+        largest = max(largest, (mdl.attention_params() + 2 * mdl.hidden + shared) / tp + routed / (tp * ep))
+    return largest * (2 * tr.weight_bytes + 4)
 
 
 def layers_per_stage(workload: Workload, layout: Layout) -> int:
@@ -81,13 +117,15 @@ def interleave_factor(pp: int, v: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per chip by kind; ``total`` includes the runtime reserve."""
+    """Bytes per chip by kind; ``total`` includes the runtime reserve and the fragmentation allowance."""
 
     weights: float
     gradients: float
-    optimizer: float  # FP32 master + Adam moments
-    activations: float
-    reserve: float
+    optimizer: float        # FP32 master + Adam moments
+    activations: float      # the busier of the first stage (micro-batches in flight) and the last (logits)
+    gathered: float         # ZeRO-3 / FSDP layer buffers
+    fragmentation: float    # allocator allowance on what the job allocates
+    reserve: float          # the runtime's own
 
     @property
     def state(self) -> float:
@@ -95,12 +133,19 @@ class Memory:
 
     @property
     def total(self) -> float:
-        return self.state + self.activations + self.reserve
+        return self.state + self.activations + self.gathered + self.fragmentation + self.reserve
 
     def gib(self) -> dict[str, float]:
         return {k: v / GIB for k, v in (("weights", self.weights), ("gradients", self.gradients),
                                          ("master_and_optimizer", self.optimizer),
-                                         ("activations", self.activations), ("runtime_reserve", self.reserve))}
+                                         ("activations", self.activations), ("zero3_buffers", self.gathered),
+                                         ("fragmentation", self.fragmentation), ("runtime_reserve", self.reserve))}
+
+
+# ASSUMPTION: a caching allocator leaves ~5% of what it holds in blocks it cannot reuse
+# (PyTorch's caching allocator notes; the Neuron runtime publishes no figure). An allowance
+# on top of the user's headroom.
+FRAGMENTATION_DIVISOR = 20  # 1/20 = 5%: a division keeps the solver's products in range
 
 
 KINDS = tuple(fl.name for fl in fields(Memory))
@@ -120,8 +165,10 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
     A rank holds P_dense / (tp pp) = P_dense dp cp / R dense and P_expert edp cp / R expert
     parameters (R ranks); a kind of state sharded from ZeRO stage z on holds
     bytes * cp * (P_dense + P_expert) / R from then, bytes * cp * (P_dense dp + P_expert edp) / R
-    before. Activations: A(recompute, tp, cp) * b * L_s * min(m, pp) * interleave factor.
-    Every kind is per rank times the ranks per chip c.
+    before. Activations: the first stage's A(recompute, tp, cp) * b * L_s * min(m, pp) *
+    interleave factor, or the last stage's one micro-batch plus its FP32 logits, whichever is
+    larger, plus the working set of a recomputed layer; ZeRO-3 adds its gathered layers.
+    Every kind is per rank times the ranks per chip c; fragmentation is a share of the sum.
     """
     mdl, tr = workload.model, workload.training
     R, c = math.prod(a.size for a in axes), axes[0].size
@@ -137,17 +184,31 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
             f.prod(after, coef=(dense + experts) / R)), coef=c, name=name)
 
     pp = f.decision("pp")
+    b = f.decision("micro_batch")
+    layers = f.count("pp", lambda p: math.ceil(mdl.layers / p), "layers")
     per_layer = f.table(("recompute", "tp", "cp"),
                         lambda rc, tp, cp: activation_bytes_per_layer(workload, tp, cp, 1, rc), "activations_per_layer")
     in_flight = f.minimum(f.decision("micro_batches"), pp, name="in_flight")
     interleave = ("pp", "interleave")
-    activations = f.ratio(
-        f.prod(per_layer, f.decision("micro_batch"), f.count("pp", lambda p: math.ceil(mdl.layers / p), "layers"),
-               in_flight, f.count(interleave, lambda p, v: interleave_factor(p, v)[0], "interleave_num"), coef=c),
-        f.count(interleave, lambda p, v: interleave_factor(p, v)[1], "interleave_den"), name="activations")
-    return {"weights": state(tr.weight_bytes, 3, "weights"), "gradients": state(tr.grad_bytes, 2, "gradients"),
-            "optimizer": state(tr.master_bytes + tr.optimizer_bytes, 1, "optimizer"), "activations": activations,
-            "reserve": f.Const(target.runtime_reserve_bytes)}
+    first = f.ratio(
+        f.prod(per_layer, b, layers, in_flight, f.count(interleave, lambda p, v: interleave_factor(p, v)[0],
+                                                        "interleave_num"), coef=c),
+        f.count(interleave, lambda p, v: interleave_factor(p, v)[1], "interleave_den"), name="first_stage")
+    last = f.add(f.prod(per_layer, b, layers, coef=c),
+                 f.prod(f.table(("tp", "cp"), lambda tp, cp: logits_bytes(workload, tp, cp, 1), "logits"), b, coef=c),
+                 name="last_stage")
+    working = f.prod(f.table(("recompute", "tp", "cp"), lambda rc, tp, cp: recompute_working_set(
+        workload, tp, cp, 1, rc), "recompute_working_set"), b, coef=c)
+    activations = f.add(f.maximum(first, last), working, name="activations")
+    gathered = f.prod(f.indicator("zero", lambda z: z == 3, "zero3"),
+                      f.table(("tp", "ep"), lambda tp, ep: gathered_layer_bytes(workload, tp, ep), "gathered"),
+                      coef=c, name="gathered")
+    kinds = {"weights": state(tr.weight_bytes, 3, "weights"), "gradients": state(tr.grad_bytes, 2, "gradients"),
+             "optimizer": state(tr.master_bytes + tr.optimizer_bytes, 1, "optimizer"), "activations": activations,
+             "gathered": gathered}
+    kinds["fragmentation"] = f.ratio(f.add(*kinds.values()), FRAGMENTATION_DIVISOR, name="fragmentation")
+    kinds["reserve"] = f.Const(target.runtime_reserve_bytes)
+    return kinds
 
 
 def memory_per_chip(workload: Workload, layout: Layout, target: Target) -> Memory:

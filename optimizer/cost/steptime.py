@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from trnopt.optimizer.cost import collectives as cc
@@ -144,8 +144,12 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     B, s, h, a = tr.global_batch, tr.seq, mdl.hidden, tr.activation_bytes
     m = f.decision("micro_batches")
 
+    # the runtime's per-collective fixed costs, at the share a compiled step pays (fitted)
+    share = target.efficiency.collective_fixed_share
+    runtime = replace(cc.NEURON, launch=cc.NEURON.launch * share, ring_setup=cc.NEURON.ring_setup * share)
+
     def coeff(op: str, span) -> tuple[float, float]:
-        return cc.coefficients(op, span, c) if span else (0.0, 0.0)
+        return cc.coefficients(op, span, c, runtime) if span else (0.0, 0.0)
 
     def per_byte(op, span):
         return coeff(op, span)[0]

@@ -105,6 +105,9 @@ class Efficiency:
     """Share of VectorE/ScalarE rates the non-matmul work reaches."""
     microbatch_overhead_s: float
     """Fixed seconds per micro-batch and pipeline stage (launches, synchronisation)."""
+    collective_fixed_share: float = 1.0
+    """Share of the Neuron runtime's per-collective fixed costs (launch, ring setup: fitted on
+    standalone nccom-test runs) that a collective inside a compiled training step pays."""
     fitted_on: str = ""
     """The calibration rows the values were fitted on, or what they were carried over from."""
 
@@ -275,9 +278,11 @@ def parse_target(data: dict, source: str) -> Target:
                         _lanes(eng, "stationary_fmax"), _lanes(eng, "moving_fmax"), _lanes(eng, "matmul_min_cycles"),
                         _scaled(eng, "vector_ghz", 1e9, B.ENGINE_GHZ), _lanes(eng, "vector_lanes"),
                         _scaled(eng, "scalar_ghz", 1e9, B.ENGINE_GHZ), _lanes(eng, "scalar_lanes")),
-        efficiency=Efficiency(_share(eff, "matmul"), _share(eff, "elementwise"),
-                              _scaled(eff, "microbatch_overhead_us", 1e-6, B.MICROBATCH_OVERHEAD_US, positive=False),
-                              eff.str("fitted_on", nonempty=True)),
+        efficiency=Efficiency(matmul=_share(eff, "matmul"), elementwise=_share(eff, "elementwise"),
+                              microbatch_overhead_s=_scaled(eff, "microbatch_overhead_us", 1e-6,
+                                                            B.MICROBATCH_OVERHEAD_US, positive=False),
+                              collective_fixed_share=_share(eff, "collective_fixed_share"),
+                              fitted_on=eff.str("fitted_on", nonempty=True)),
         runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, B.HBM_GIB, positive=False),
     )
     if target.runtime_reserve_bytes >= chip.hbm_bytes:

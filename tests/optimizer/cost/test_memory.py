@@ -52,7 +52,8 @@ def test_seed_layout_state_through_the_cost_model():
 
 
 def test_korthikanti_activation_formulas():
-    w = Workload(load_model("megatron-22b"), Training(seq=2048))
+    # the paper's attention stores its scores (no flash attention)
+    w = Workload(load_model("megatron-22b"), Training(seq=2048, flash_attention=False))
     s, h, a = 2048, 6144, 64
     assert activation_bytes_per_layer(w, 1, 1, 1, "none") == pytest.approx(s * h * (34 + 5 * a * s / h))
     assert activation_bytes_per_layer(w, 8, 1, 1, "none") == pytest.approx(s * h / 8 * (34 + 5 * a * s / h))
@@ -70,3 +71,45 @@ def test_more_sharding_never_raises_memory(zero, recompute):
     assert memory_per_chip(w, dataclasses.replace(lay, zero=zero + 1), t).total <= base
     stronger = {"none": "selective", "selective": "full", "full": "full"}[recompute]
     assert memory_per_chip(w, dataclasses.replace(lay, recompute=stronger), t).total <= base
+
+
+def _shipped(model: str, instances: int, tp: int, pp: int, dp: int, recompute: str):
+    """A configuration AWS ships for NxD Training on trn2.48xlarge (LNC=2, ZeRO-1, seq 8192)."""
+    from trnopt.optimizer.cost.problem import Problem
+    from trnopt.optimizer.model.layout import default_placement
+
+    t = load_target("trn2")
+    w = Workload(load_model(model), Training(seq=8192, global_batch=1024))
+    axes = t.axes(2, instances)
+    lay = Layout(tp=tp, pp=pp, dp=dp, axes=axes, placement=default_placement(axes, {"tp": tp, "dp": dp, "pp": pp}),
+                 zero=1, recompute=recompute, lnc=2)
+    return Problem(w, t, instances).evaluate(lay)
+
+
+def test_aws_llama3_8b_on_one_trn2_at_tp16_without_checkpointing_fits():
+    e = _shipped("llama3-8b", 1, 16, 1, 4, "none")
+    assert e.fits, e.memory.gib()
+
+
+def test_aws_llama3_70b_on_8_trn2_at_tp32_pp4_dp4_selective_fits():
+    e = _shipped("llama3-70b", 8, 32, 4, 4, "selective")
+    assert e.fits, e.memory.gib()
+
+
+def test_flash_attention_drops_the_score_term_and_mlp_recompute_keeps_attention():
+    w = Workload(load_model("llama3-8b"), Training(seq=8192))
+    no_flash = Workload(w.model, Training(seq=8192, flash_attention=False))
+    none, selective = (activation_bytes_per_layer(w, 4, 1, 1, rc) for rc in ("none", "selective"))
+    assert none == selective  # flash attention stores no scores, so selective saves nothing
+    assert activation_bytes_per_layer(no_flash, 4, 1, 1, "none") > none
+    assert activation_bytes_per_layer(w, 4, 1, 1, "full") < activation_bytes_per_layer(w, 4, 1, 1, "mlp") < none
+
+
+def test_zero3_buffers_fp32_logits_and_fragmentation_are_counted():
+    from trnopt.optimizer.cost.memory import logits_bytes
+
+    w = Workload(load_model("llama3-8b"), Training(seq=8192))
+    assert logits_bytes(w, 4, 1, 1) == 8192 * 128256 / 4 * 8
+    e3 = _shipped("llama3-8b", 1, 16, 1, 4, "full")
+    assert e3.memory.gathered == 0 and e3.memory.fragmentation == pytest.approx(
+        (e3.memory.total - e3.memory.reserve - e3.memory.fragmentation) / 20)

@@ -28,7 +28,8 @@ def tp16(ring: bool) -> tuple:
 
 
 def no_latency(lay: Layout) -> Layout:
-    return dataclasses.replace(lay, axes=tuple(dataclasses.replace(a, latency=0.0) for a in lay.axes))
+    return dataclasses.replace(lay, axes=tuple(dataclasses.replace(a, latency=0.0, achievable=1.0, collectives="ring")
+                                               for a in lay.axes))
 
 
 def test_tp_across_the_ring_costs_four_times_the_torus():

@@ -1,0 +1,64 @@
+"""The measured-overlap reader: keys (target, kernel, TP, link class, LNC, shape class) and the lookup rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from trnopt.optimizer.cost.overlap import measured, parse_table, tp_hidden, tp_hidden_source
+from trnopt.optimizer.model.target import load_target
+
+
+def table(rows):
+    return parse_table({"version": 1, "rows": [
+        {"kernel": k, "tp": t, "link_class": c, "channels": 2, "shape": {}, "t_mm": 1, "t_cc": 1, "t_f": 1,
+         "hidden_fraction": f, **extra} for k, t, c, f, extra in rows]}, "t.json")
+
+
+ROWS = [
+    ("allgather_matmul", 16, "torus", 0.9, {"target": "trn2", "lnc": 2, "shape_class": "hidden16384"}),
+    ("allgather_matmul", 16, "torus", 0.7, {"target": "trn2", "lnc": 2, "shape_class": "hidden8192"}),
+    ("matmul_reduce_scatter", 16, "torus", 0.5, {"target": "trn2", "lnc": 2, "shape_class": "hidden16384"}),
+    ("allgather_matmul", 16, "torus", 0.2, {"target": "trn2u", "lnc": 2, "shape_class": "hidden16384"}),
+    ("allgather_matmul", 16, "torus", 0.4, {"target": "trn2", "lnc": 1, "shape_class": "hidden16384"}),
+]
+
+
+def test_target_lnc_and_shape_class_select_rows():
+    t = table(ROWS)
+    assert t.fraction("allgather_matmul", 16, "torus", target="trn2", lnc=2, shape_class="hidden16384") == 0.9
+    assert t.fraction("allgather_matmul", 16, "torus", target="trn2", lnc=2) == 0.7   # smallest shape class
+    assert t.fraction("allgather_matmul", 16, "torus", target="trn2u", lnc=2) == 0.2
+    assert t.fraction("allgather_matmul", 16, "torus", target="trn2", lnc=1) == 0.4
+    assert t.fraction("allgather_matmul", 32, "torus", target="trn2", lnc=2, shape_class="hidden16384") == 0.9
+    assert t.source_of("allgather_matmul", 32, "torus", target="trn2", lnc=2) == "nearest TP16"
+
+
+def test_a_target_without_rows_hides_nothing_and_says_so():
+    t = table(ROWS)
+    assert t.fraction("allgather_matmul", 16, "torus", target="trn3-gen2") == 0.0
+    assert t.source_of("allgather_matmul", 16, "torus", target="trn3-gen2").startswith(
+        "no measured row for target trn3-gen2")
+    assert t.fraction("allgather_matmul", 16, "torus", target="trn2u", lnc=1) == 0.0
+    assert "at LNC 1" in t.source_of("allgather_matmul", 16, "torus", target="trn2u", lnc=1)
+
+
+def test_tp_hidden_with_and_without_a_target():
+    t = table(ROWS)
+    trn2 = load_target("trn2")
+    axes = trn2.axes(2, 1)
+    span = ((axes[1], 4), (axes[2], 4))  # TP16 over the torus
+    assert tp_hidden(t, span, target="trn2", lnc=2) == pytest.approx((0.7 + 0.5) / 2)
+    assert tp_hidden(t, span, target="trn3-gen1", lnc=2) == 0.0
+    assert tp_hidden_source(t, span, target="trn3-gen1", lnc=2).startswith("no measured row for target trn3-gen1")
+    assert 0.0 <= tp_hidden(t, span) <= 1.0  # the old two-argument call reads every target's rows
+    assert tp_hidden({"torus": 1.5}, span) == 1.0
+
+
+def test_shipped_table_has_provenance_and_keys():
+    t = measured()
+    prov = t.doc["provenance"]
+    assert {"commit", "command", "date"} <= set(prov) and "benchmarks/overlap_table.py" in prov["command"]
+    for r in t.rows:
+        assert {"target", "lnc", "shape_class"} <= set(r)
+        assert r["hidden_fraction"] == pytest.approx(1 - (r["t_f"] - r["t_mm"]) / r["t_cc"])
+    assert t.targets() >= {"trn2", "trn2u"}
