@@ -204,13 +204,11 @@ class CoreContext:
 
     def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray | None) -> None:
         """Write ``value``; ``mask`` (None: all) says which of its elements hold written data."""
-        dst = v.array()
-        dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
-        v.set_written(True if mask is None else np.asarray(mask).reshape(dst.shape))
+        v.assign(value)
+        v.set_written(True if mask is None else np.asarray(mask).reshape(v.shape))
 
     def write(self, v: NkiTensor, value: np.ndarray) -> None:
-        dst = v.array()
-        dst[...] = np.asarray(value).astype(v.dtype, copy=False).reshape(dst.shape)
+        v.assign(value)
         v.set_written(True)
 
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:

@@ -434,6 +434,31 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     return _done("dma_transpose", name, ctx.issue_dma("dma_transpose", name, src.nbytes, [src], [dst]))
 
 
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
+    """``dst = reduce_op(srcs[0] * scales[0], ...)`` in the DMA engines, FP32; only nl.add and
+    scales of 1.0 ("nki.isa.dma_compute"); a src with vector_offset makes it a gather or
+    scatter read-modify-write (exactly two srcs, unique indices)."""
+    ctx = _ctx("dma_compute")
+    w = ctx.where("dma_compute", name)
+    dst = checks.tensor_arg(dst, w, "dst")
+    srcs = [checks.tensor_arg(x, w, "srcs entry") for x in srcs]
+    if getattr(reduce_op, "__name__", "") != "add":
+        raise ConstraintError(f"{w}: reduce_op must be nl.add, got {reduce_op!r}")
+    if scales is not None and any(float(x) != 1.0 for x in scales):
+        raise ConstraintError(f"{w}: scales must all be 1.0, got {list(scales)}")
+    if any(x._rows is not None for x in srcs + [dst]) and (len(srcs) != 2 or not unique_indices):
+        raise ConstraintError(f"{w}: a read-modify-write with vector_offset needs exactly 2 srcs and unique indices")
+    for x in srcs:
+        if x.size != dst.size:
+            raise ConstraintError(f"{w}: src of {x.size} elements {x.shape} for a dst of {dst.size} {dst.shape}")
+        if x.buffer is MemoryRegion.psum:
+            raise ConstraintError(f"{w}: DMA cannot read PSUM")
+    if ctx.numerics:
+        total = sum(_f32(ctx.read(x, "dma_compute", name, "src")).reshape(dst.shape) for x in srcs)
+        ctx.write(dst, total)
+    return _done("dma_compute", name, ctx.issue_dma("dma_compute", name, sum(x.nbytes for x in srcs), srcs, [dst]))
+
+
 def get_nc_sub_version():
     """The NeuronCore sub-version of the simulated target (Trn2: 0)."""
     return 0
@@ -447,6 +472,7 @@ from .isa_vector import (activate2, affine_select, bn_aggr, bn_stats, dropout, e
                          tensor_tensor_scan)
 
 _unimplemented.fill(globals(), "nki.isa", why={
+    "local_gather": "the 16-partition GpSimd gather layout is not simulated",
     "nc_matmul_mx": "MX (microscaling) matmul is NeuronCore-v4 hardware; not simulated",
     "quantize_mx": "MX quantization is NeuronCore-v4 hardware; not simulated",
 })

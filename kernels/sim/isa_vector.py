@@ -265,7 +265,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
             pred = ~pred
         old = np.where(dst.written_mask(), dst.array().astype(np.float32), np.float32(0))
         new = o.value(s).reshape(dst.shape) if s is not None else np.float32(src)
-        dst.array()[...] = np.where(pred, new, old).astype(dst.dtype)
+        dst.assign(np.where(pred, new, old))
         dst.set_written(np.asarray(dst.written_mask()) | pred)
     return o.issue("Vector", checks.free_size(dst))
 
@@ -453,7 +453,7 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
             row[t] = nz.size
             view[p] = row.astype(dst.dtype)
             mask[p] = True
-        dst.array()[...] = view.reshape(dst.shape)
+        dst.assign(view.reshape(dst.shape))
         dst.set_written(mask.reshape(dst.shape))
     return o.issue("GpSimd", t)
 
@@ -497,7 +497,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
                 if m != 255 and base + i < dst.shape[0] and base + m < x.shape[0]:
                     out[base + i] = x[base + m]
                     written[base + i] = xd[base + m]
-        dst.array()[...] = out.reshape(dst.shape)
+        dst.assign(out.reshape(dst.shape))
         dst.set_written(written.reshape(dst.shape))
     return o.issue("Vector", checks.free_size(src))
 

@@ -101,7 +101,8 @@ class SharedHbm:
                         continue
                     _, wmask, rmask, who = entry
                     # a reinterpreting view is taken to touch its whole allocation
-                    w, r = (v._strided(wmask), v._strided(rmask)) if v._dtype is None else (wmask, rmask)
+                    w, r = (v._strided(wmask), v._strided(rmask)) if v._dtype is None and v._rows is None \
+                        else (wmask, rmask)
                     other = (w | r) if writing else w
                     clash = np.bitwise_and(other, np.uint8(~bit & 0xFF))
                     if clash.any():
@@ -123,11 +124,11 @@ class SharedHbm:
             if prog == program or rv.alloc is not v.alloc:
                 continue
             probe = np.zeros(v.alloc.size, dtype=bool)
-            if rv._dtype is None:
+            if rv._dtype is None and rv._rows is None:
                 rv._strided(probe)[...] = mask
             else:
                 probe[...] = True
-            if (v._strided(probe) if v._dtype is None else probe).any():
+            if (v._strided(probe) if v._dtype is None and v._rows is None else probe).any():
                 raise RaceError(
                     f"program {program}, {label}: writes elements of shared_hbm tensor {v.alloc.label()} that "
                     f"program {prog} read before they were written, with no nisa.core_barrier or "

@@ -110,7 +110,7 @@ class NkiTensor:
     integer index. Both serve the dependency tracking of the timeline (``box``).
     """
 
-    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype", "_dyn")
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype", "_dyn", "_rows")
 
     def __init__(self, alloc: Allocation, offset: int = 0,
                  pattern: tuple[tuple[int, int], ...] | None = None,
@@ -129,6 +129,7 @@ class NkiTensor:
         self.lanes: tuple[int, ...] | None = None  # every rank's offset (symmetric run, rank-dependent view)
         self._dtype: np.dtype | None = None  # a reinterpreting view: offset and pattern count these elements
         self._dyn = False  # the offset depends on a runtime value: the dependency box is the whole tensor
+        self._rows: np.ndarray | None = None  # a gather view: the element offset of each partition's row
 
     # --- attributes of the reference NkiTensor ---------------------------------------------
     @property
@@ -194,6 +195,8 @@ class NkiTensor:
 
     # --- views ------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> "NkiTensor":
+        if self._rows is not None:
+            raise NotImplementedError(f"{here()}: slicing a gather view (ap(vector_offset=...)) is not simulated")
         if type(key) is not tuple:
             key = (key,)
         ndim = len(self.pattern)
@@ -288,9 +291,10 @@ class NkiTensor:
         the view by ``scalar_offset * stride`` of dim ``indirect_dim`` of this view; ``dtype``
         reinterprets the storage (only the tensor's own dtype is simulated)."""
         w = here("NkiTensor.ap")
+        if self._rows is not None:
+            raise NotImplementedError(f"{w}: a view of a gather view (vector_offset) is not simulated")
         if vector_offset is not None:
-            raise NotImplementedError(f"{w}: ap(vector_offset=...) (per-partition indirect access, NKI 0.7) "
-                                      f"is not simulated")
+            return self._gather_view(pattern, offset, vector_offset, indirect_dim, dtype, w)
         new_dtype = self._reinterpret_dtype(dtype, w) if dtype is not None else self._dtype
         pat = tuple((int(s), int(c)) for s, c in pattern)
         if any(c <= 0 for _, c in pat):
@@ -329,6 +333,51 @@ class NkiTensor:
             view._box = tuple((0, n) for n in self.alloc.shape)  # unknown before the run: all of it
             view._set_lanes(self, off, lane_terms, ".ap")
         return view
+
+    def _gather_view(self, pattern: Any, offset: Any, vector_offset: Any, indirect_dim: int, dtype: Any,
+                     w: str) -> "NkiTensor":
+        """``ap(vector_offset=idx)``: partition p's row starts at ``offset + idx[p] * stride`` of
+        dim ``indirect_dim`` of this view (the pattern's partition stride is replaced); the free
+        dims follow the pattern ("NkiTensor.ap", DMA gather/scatter)."""
+        if dtype is not None and np.dtype(dtype) != self.dtype:
+            raise NotImplementedError(f"{w}: ap(vector_offset=..., dtype=...) reinterpreting is not simulated")
+        if not isinstance(vector_offset, NkiTensor):
+            raise ConstraintError(f"{w}: vector_offset must be an index tensor, got {type(vector_offset).__name__}")
+        pat = tuple((int(s), int(c)) for s, c in pattern)
+        parts = pat[0][1]
+        if vector_offset.size != parts:
+            raise ConstraintError(f"{w}: vector_offset has {vector_offset.size} indices for {parts} partitions")
+        stride = self.pattern[int(indirect_dim)][0]
+        base = self.offset + (0 if offset is None else int(offset))
+        if vector_offset.alloc.data is None:
+            idx = np.zeros(parts, dtype=np.int64)  # schedule-only run: no data
+        else:
+            if not vector_offset.written_mask().all():
+                from .errors import UninitializedReadError
+                raise UninitializedReadError(f"{w}: vector_offset index tensor {vector_offset.alloc.label()} "
+                                             f"was not written")
+            idx = np.asarray(vector_offset.array()).reshape(-1).astype(np.int64)
+        view = NkiTensor(self.alloc, base, pat)
+        view._rows = base + idx * stride
+        free = view._free_offsets()
+        lo, hi = int(view._rows.min()) + int(free.min()), int(view._rows.max()) + int(free.max())
+        if lo < 0 or hi >= self.alloc.size:
+            bad = int(np.argmax((view._rows + free.max() >= self.alloc.size) | (view._rows + free.min() < 0)))
+            raise ConstraintError(f"{w}: vector_offset index {int(idx[bad])} of partition {bad} reaches outside "
+                                  f"tensor {self.alloc.label()} of {self.alloc.size} elements (shape "
+                                  f"{self.alloc.shape})")
+        view._dyn = True
+        view._box = tuple((0, n) for n in self.alloc.shape)
+        return view
+
+    def _free_offsets(self) -> np.ndarray:
+        off = np.zeros((1,), dtype=np.int64)
+        for s, c in self.pattern[1:]:
+            off = (off[:, None] + np.arange(c, dtype=np.int64)[None, :] * s).ravel()
+        return off
+
+    def _gather_index(self) -> np.ndarray:
+        return (self._rows[:, None] + self._free_offsets()[None, :]).reshape(self.shape)
 
     def reshape(self, shape: Any) -> "NkiTensor":
         shape = tuple(int(s) for s in shape)
@@ -537,7 +586,10 @@ class NkiTensor:
         return out if raw is flat else out.view(flat.dtype)
 
     def array(self) -> np.ndarray:
-        """A writable numpy view of the data (numerics mode only)."""
+        """The data: a writable numpy view (numerics mode only); a copy for gather views (write
+        with ``assign``)."""
+        if self._rows is not None:
+            return self.alloc.data[self._gather_index()]
         if self._dtype is None:
             return self._strided(self.alloc.data)
         new = self._dtype
@@ -553,14 +605,30 @@ class NkiTensor:
             return idx[..., None] * r + np.arange(r)
         return (idx * new // old)[..., None]
 
+    def assign(self, value: Any) -> None:
+        """Write ``value`` (cast to the view's dtype) into the view's elements."""
+        value = np.asarray(value).astype(self.dtype, copy=False)
+        if self._rows is not None:
+            self.alloc.data[self._gather_index()] = value.reshape(self.shape)
+            return
+        dst = self.array()
+        dst[...] = value.reshape(dst.shape)
+
     def written_mask(self) -> np.ndarray:
-        """Which elements of the view some instruction wrote (a copy for reinterpreting views)."""
+        """Which elements of the view some instruction wrote (a copy for reinterpreting and
+        gather views)."""
+        if self._rows is not None:
+            return self.alloc.written[self._gather_index()]
         if self._dtype is None:
             return self._strided(self.alloc.written)
         return self.alloc.written[self._old_index()].all(axis=-1)
 
     def set_written(self, value: Any) -> None:
         """Record the view's elements where ``value`` is True as written."""
+        if self._rows is not None:
+            idx = self._gather_index()
+            self.alloc.written[idx[np.broadcast_to(np.asarray(value, dtype=bool), idx.shape)]] = True
+            return
         if self._dtype is None:
             self._strided(self.alloc.written)[...] = value
             return

@@ -227,3 +227,27 @@ def test_dma_copy_converts_dtypes() -> None:
     out = nki.simulate(dma_converts)(x)
     assert out.dtype == np.dtype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(out, x.astype(ml_dtypes.bfloat16))
+
+
+@nki.jit
+def gather_rows_and_accumulate(table, idx):
+    """Partition p reads row idx[p] of table (ap(vector_offset=...)); a second gather is
+    added on top with dma_compute (gather read-modify-write)."""
+    p, f = idx.shape[0], table.shape[1]
+    ids = nl.ndarray((p, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ids, src=idx)
+    rows = nl.ndarray((p, f), dtype=table.dtype, buffer=nl.sbuf)
+    view = table.ap(pattern=[[f, p], [1, f]], vector_offset=ids, indirect_dim=0)
+    nisa.dma_copy(dst=rows, src=view)
+    nisa.dma_compute(dst=rows, srcs=[view, rows], reduce_op=nl.add)
+    out = nl.ndarray((p, f), dtype=table.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=rows)
+    return out
+
+
+def test_vector_offset_gathers_rows_and_dma_compute_adds() -> None:
+    table = np.arange(10 * 4, dtype=np.float32).reshape(10, 4)
+    idx = np.array([[7], [0], [3], [7]], np.int32)
+    np.testing.assert_array_equal(nki.simulate(gather_rows_and_accumulate)(table, idx), 2 * table[idx[:, 0]])
+    with pytest.raises(Exception, match="vector_offset index 12 of partition 1 reaches outside"):
+        nki.simulate(gather_rows_and_accumulate)(table, np.array([[1], [12], [0], [0]], np.int32))
