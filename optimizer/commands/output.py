@@ -32,7 +32,7 @@ def check_output(path: str | None, flag: str = "--json", force: bool = False) ->
         raise InputError(repr(path), flag, "an empty path; give a file name, or '-' for stdout")
     try:
         info = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the folder check below says which
         info = None
     except (OSError, ValueError) as exc:
         raise InputError(path, flag, f"not a usable path ({getattr(exc, 'strerror', None) or exc})") from None
