@@ -343,6 +343,28 @@ LIB_CASES += [
     _lib("experimental/transformer/attention_block_tkg.py", "attention_block_tkg", _no_inputs, None),
 ]
 
+def ref_indexed_flatten(x, f_len, output_len, row_offsets, padding_val=-1):
+    e, t = x.shape
+    blocks = np.full((output_len // f_len, f_len), padding_val, dtype=x.dtype)
+    parts = x.reshape(e, t // f_len, f_len)
+    for r in range(e):
+        for j in range(t // f_len):
+            b = int(row_offsets[r]) + j
+            if 0 <= b < blocks.shape[0]:
+                blocks[b] = parts[r, j]
+    return blocks.reshape(-1)
+
+
+def _flatten_inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+    e, t, f = 4, 512, 32
+    x = rng.integers(0, 100, (e, t)).astype(np.int32)
+    offsets = (np.arange(e) * (t // f) + np.array([0, 1, 3, 4])).astype(np.int32)  # gaps stay padding
+    return (x, f, e * t + 8 * f, offsets), {}
+
+
+LIB_CASES.append(_lib("core/subkernels/indexed_flatten.py", "indexed_flatten", _flatten_inputs,
+                      lambda a, kw, r, al: ref_indexed_flatten(*a), lnc=2))
+
 MX = "needs NeuronCore-v4 MX matmul / quantization (nisa.nc_matmul_mx, quantize_mx): Trn3 hardware, not simulated"
 LIB_CASES += [_lib(path, k, None, None, hardware_only=MX) for path, k in [
     ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx"),
