@@ -14,6 +14,7 @@ from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.output import check_output
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
+from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import Target, check_domains
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
@@ -119,7 +120,9 @@ def workload_from_args(args) -> Workload:
     check_float(args.headroom, "--headroom", 0.0, 1.0, open_high=True)
     check_int(args.seq, "--seq", 1, bounds.MAX_SEQ)
     check_int(args.global_batch, "--global-batch", 1, bounds.MAX_GLOBAL_BATCH)
-    return Workload(load_model(args.model), Training(seq=args.seq, global_batch=args.global_batch))
+    workload = Workload(load_model(args.model), Training(seq=args.seq, global_batch=args.global_batch))
+    check_scale(workload, args.model, "--model", "--seq", "seq")
+    return workload
 
 
 def check_search_args(args) -> None:

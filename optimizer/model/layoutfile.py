@@ -8,6 +8,7 @@ from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.bounds import MAX_DOMAINS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ
 from trnopt.optimizer.model.inputfile import parse_json, read_text
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import Target, check_domains, load_target
 from trnopt.optimizer.model.tomlcheck import Table
 from trnopt.optimizer.model.workload import Training, Workload, load_model
@@ -77,6 +78,7 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
     except InputError as exc:
         raise InputError(path, f"layout.{exc.key}", exc.rule) from None
     workload = Workload(model, training)
+    check_scale(workload, path, "problem.model", path, "problem.seq")
     problems = layout.workload_problems(workload)
     if problems:
         raise InputError(path, "layout", f"does not run {model.name} with global batch {training.global_batch}: "
