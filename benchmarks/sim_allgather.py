@@ -14,6 +14,11 @@ with rank 0 only (``symmetric=True``), wall times side by side and the timelines
 
     /work/venv/bin/python benchmarks/sim_allgather.py            # both parts
     /work/venv/bin/python benchmarks/sim_allgather.py --full     # production shape only
+    /work/venv/bin/python benchmarks/sim_allgather.py --baseline DIR   # then the same with an
+        # older simulator: DIR holds a ``trnopt`` package (e.g. an export of an earlier commit)
+
+Every time is printed as wall seconds and CPU seconds of this process (all threads); on a
+shared, loaded machine compare the CPU columns of two runs made side by side.
 """
 
 from __future__ import annotations
@@ -82,12 +87,14 @@ def production_shape() -> bool:
     total_full = total_sym = 0.0
     ok_all = True
     for label, kernel, args, kwargs in variants:
-        walls, res = [], []
+        walls, cpus, res = [], [], []
         for sym in (False, True):
+            c0 = time.process_time()
             t0 = time.perf_counter()
             res.append(run_ranks(kernel, args, numerics=False, link=link, kwargs=kwargs, symmetric=sym and len(args) > 1,
                                  timeout_s=60))
             walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
         full, symm = res
         same = (full.timeline.total_s == symm.timeline.total_s and full.timeline.busy_s == symm.timeline.busy_s
                 and full.timeline.exposed_comm_s == symm.timeline.exposed_comm_s)
@@ -96,13 +103,15 @@ def production_shape() -> bool:
         total_sym += walls[1]
         n_instr = sum(full.timeline.cores[0].counts.values())
         print(f"{label:<22}{len(args):>6}{n_instr:>11}{walls[0]:9.2f}{walls[1]:9.2f}{walls[0] / walls[1]:8.1f}x"
-              f"{full.timeline.total_s * 1e6:12.1f}  {same}")
+              f"{full.timeline.total_s * 1e6:12.1f}  {same}   cpu s {cpus[0]:.2f} / {cpus[1]:.2f}")
         del res, full, symm
     print(f"{'all three':<39}{total_full:9.2f}{total_sym:9.2f}{total_full / total_sym:8.1f}x")
     return ok_all
 
 
 def main() -> int:
+    if "--baseline" in sys.argv[1:]:
+        return _with_baseline()
     print(f"python {sys.version.split()[0]} on {platform.platform()}, {os.cpu_count()} CPUs, "
           f"numpy {np.__version__}, real nki: {USING_REAL_NKI}")
     if "--full" in sys.argv[1:]:
@@ -118,18 +127,37 @@ def main() -> int:
     worst = 0.0
     for kernel in (all_gather_once, all_gather_ring):
         for numerics in (True, False):
+            c0 = time.process_time()
             t0 = time.perf_counter()
             res = run_ranks(kernel, shards if numerics else specs, numerics=numerics,
                             kwargs=dict(tp=TP), timeout_s=60)
             wall = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             ok = all(np.array_equal(o, full) for o in res.outputs) if numerics else "-"
             if numerics:
                 worst = max(worst, wall)
             print(f"{kernel.__name__:<18}{str(numerics):>9}{wall:9.2f}{res.timeline.total_s * 1e6:14.1f}"
-                  f"{res.timeline.exposed_comm_s * 1e6:12.1f}  {ok}")
+                  f"{res.timeline.exposed_comm_s * 1e6:12.1f}  {ok}   cpu s {cpu:.2f}")
             del res
     print(f"slowest numerics run {worst:.2f} s (goal < 10 s): {'OK' if worst < 10 else 'OVER'}")
     return 0 if production_shape() else 1
+
+
+def _with_baseline() -> int:
+    """This benchmark with the installed simulator, then with the ``trnopt`` under DIR."""
+    import subprocess
+
+    argv = sys.argv[1:]
+    i = argv.index("--baseline")
+    if i + 1 >= len(argv) or not os.path.isdir(os.path.join(argv[i + 1], "trnopt")):
+        print("error: --baseline DIR needs a directory holding a trnopt package", file=sys.stderr)
+        return 2
+    base, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+    rc = 0
+    for label, env in (("current simulator", {}), (f"baseline {base}", {"PYTHONPATH": base})):
+        print(f"===== {label}", flush=True)
+        rc |= subprocess.run([sys.executable, __file__, *rest], env={**os.environ, **env}).returncode
+    return rc
 
 
 if __name__ == "__main__":
