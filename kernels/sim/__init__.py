@@ -1,4 +1,4 @@
-"""A multi-rank CPU simulator for the subset of NKI that trnopt kernels use, nki.collectives included.
+"""A multi-rank CPU simulator of NKI 0.7 (Neuron SDK 2.33), nki.collectives included.
 
 Public API::
 
@@ -12,6 +12,14 @@ installed, these modules otherwise): ``nki`` is ``trnopt.kernels.sim.nki``, ``nl
 ``import nki`` run after ``trnopt.kernels.sim.install()``, or from the command line::
 
     python -m trnopt.kernels.sim run kernel.py::my_kernel --input 128x512:float32 --ranks 4 --lnc 2
+
+Modules: ``language`` / ``tiles`` (nl), ``isa`` / ``isa_vector`` (nisa), ``constants``
+(nisa.constants), ``collectives`` (ncc), ``registers`` (runtime scalars), ``tensor``
+(views and access patterns), ``context`` (one core's memory and instruction issue),
+``lnc`` (the programs of a logical core: shared HBM, barriers, races), ``runner`` (ranks,
+grids, symmetric runs), ``rendezvous`` / ``watchdog`` (meeting and time bounds),
+``timeline`` / ``rates`` (engines, DMA and link timing), ``checks`` (hardware rules),
+``apicheck`` / ``unimplemented`` (the reference table), ``shim`` / ``__main__`` (drop-in).
 """
 
 from __future__ import annotations
