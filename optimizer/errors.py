@@ -1,4 +1,4 @@
-"""The two errors trnopt reports to a user instead of a traceback."""
+"""The errors trnopt reports to a user instead of a traceback, each with its exit code."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ class InputError(Exception):
 
 class InfeasibleError(Exception):
     """No layout fits the target; the message explains why and what would fit (exit 3)."""
+
+
+class TimeLimitError(Exception):
+    """The time limit passed before any layout was found: not a proof that none fits (exit 4).
+
+    When a layout was found the answer is that layout with its gap (exit 0 and a warning);
+    this is only for a search that ends with nothing to show.
+    """

@@ -1,8 +1,10 @@
 """The `trnopt` command line: the parser of every command, and one way out for every error.
 
-Exit codes: 0 success, 1 a check found a problem, 2 bad input (one line naming the
-file, the key and the rule), 3 no feasible layout (with the explanation), 70 an
-internal error (one line; --debug shows the traceback).
+Exit codes: 0 success (a time limit that cut a search short is a warning with the gap),
+1 a check found a problem (check-map, kernels, evaluate of a layout that does not fit),
+2 bad input (one line naming the file, the key and the rule), 3 no feasible layout
+(proven, with the explanation), 4 the time limit passed before any layout was found, 70
+an internal error (one line; --debug shows the traceback).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from trnopt.kernels import command as kernels_command
 from trnopt.optimizer.commands import calibrate, catalog, checkmap, compare, evaluate, launch, solve
 from trnopt.optimizer.commands import map as map_command
-from trnopt.optimizer.errors import InfeasibleError, InputError, one_line
+from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError, one_line
 
 COMMANDS = (catalog, evaluate, solve, compare, map_command, checkmap, launch, calibrate, kernels_command)
 
@@ -50,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"trnopt: infeasible: {one_line(exc)}", file=sys.stderr)
         return 3
+    except TimeLimitError as exc:
+        if args.debug:
+            raise
+        print(f"trnopt: time limit: {one_line(exc)}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) left: stop quietly

@@ -76,3 +76,22 @@ def test_infeasible_exit_3_with_explanation(capsys):
 def test_console_script_runs():
     done = subprocess.run(["trnopt", "models"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "llama3-405b" in done.stdout
+
+
+def test_exit_codes_of_the_errors(capsys, monkeypatch):
+    from trnopt.optimizer.commands import solve
+    from trnopt.optimizer.errors import TimeLimitError
+
+    def timed_out(args):
+        raise TimeLimitError("no layout found within 1 s\nraise --time-limit")
+    monkeypatch.setattr(solve, "run", timed_out)
+    code, _, err = run(capsys, "solve", "--time-limit", "1")
+    assert code == 4 and err == "trnopt: time limit: no layout found within 1 s\\nraise --time-limit\n"
+
+
+def test_argparse_errors_are_one_line(capsys):
+    for argv in (["solve", "--seed", "2^63"], ["evaluate", "--tp"], ["nosuch"], ["map"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith("trnopt: error: "), err

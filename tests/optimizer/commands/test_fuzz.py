@@ -1,7 +1,8 @@
 """Hostile input through every command: the answer is an exit code, never a traceback or a hang.
 
 Every run here goes through ``cli.main`` in this process and is held to one contract
-(``contract``): the exit code is 0, 1, 2 or 3 (never 70); on 2 or 3 stderr is one line
+(``contract``): the exit code is 0, 1, 2 or 3 (never 70; 4 only for a search that the
+time limit cut short before any layout, which a loaded machine may see); on 2 or 3 stderr is one line
 (``trnopt: error: FILE: KEY: RULE`` or ``trnopt: infeasible: ...``) with no traceback;
 stdout stays under 1 MB; and no run outlives a hang guard (SIGALRM, far above any run:
 it catches a read that blocks for ever, it does not time anything). On top of that, each
@@ -82,7 +83,7 @@ def cli(*argv: Any) -> Run:
 
 
 def contract(run: Run) -> None:
-    assert run.code in (0, 1, 2, 3), run
+    assert run.code in (0, 1, 2, 3) or (run.code == 4 and run.err.startswith("trnopt: time limit: ")), run
     assert "Traceback" not in run.err and "internal error" not in run.err, run
     if run.code in (2, 3):
         assert run.err.count("\n") == 1 and run.err.endswith("\n"), run
