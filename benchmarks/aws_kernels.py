@@ -429,6 +429,18 @@ def _compare(got: Any, want: Any, case: Case) -> str:
 
 
 def run_case(folder: Path, case: Case) -> Outcome:
+    """Run one case; environment variables a kernel file sets at import are undone after it."""
+    import os
+
+    saved = dict(os.environ)
+    try:
+        return _run_case(folder, case)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _run_case(folder: Path, case: Case) -> Outcome:
     from trnopt.kernels.sim import run_ranks
 
     if case.hardware_only:

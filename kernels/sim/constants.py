@@ -4,7 +4,7 @@ engine, dge_mode, dma_engine, oob_mode, reduce_cmd, matmul_perf_mode, and nc_ver
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, IntEnum
 
 
 class engine(Enum):
@@ -49,7 +49,7 @@ class matmul_perf_mode(Enum):
     double_row = 1
 
 
-class nc_version(Enum):
+class nc_version(IntEnum):  # comparable with ints, as kernels write `get_nc_version() >= 3`
     gen2 = 2
     gen3 = 3
     gen4 = 4

@@ -63,8 +63,19 @@ def _done(op: str, name: str | None, t: tuple[float, float]) -> NkiInstruction:
     return NkiInstruction(op, name, t[0], t[1])
 
 
+_TARGETS = {"trn1": nc_version.gen2, "inf2": nc_version.gen2, "gen2": nc_version.gen2,
+            "trn2": nc_version.gen3, "gen3": nc_version.gen3, "trn3": nc_version.gen4, "gen4": nc_version.gen4}
+
+
 def get_nc_version():
-    return nc_version.gen3
+    """The simulated NeuronCore generation: NEURON_PLATFORM_TARGET_OVERRIDE (trn1|inf2|gen2,
+    trn2|gen3, trn3|gen4, as "nki.jit" reads it), else gen3 (Trn2, the simulator's rates)."""
+    import os
+
+    target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip().lower()
+    if target and target not in _TARGETS:
+        raise ConstraintError(f"NEURON_PLATFORM_TARGET_OVERRIDE={target!r}: expected one of {sorted(_TARGETS)}")
+    return _TARGETS.get(target, nc_version.gen3)
 
 
 def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,

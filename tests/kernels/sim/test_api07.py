@@ -256,3 +256,13 @@ def test_nki_objects_take_their_fields_as_keywords() -> None:
     assert (p.section_idx, p.offset) == (3, 0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
         Params(nope=1)
+
+
+def test_nc_version_follows_the_platform_target(monkeypatch) -> None:
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    assert nisa.get_nc_version() is nisa.nc_version.gen3
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    assert nisa.get_nc_version() is nisa.nc_version.gen4
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9")
+    with pytest.raises(ConstraintError, match="expected one of"):
+        nisa.get_nc_version()
