@@ -17,3 +17,4 @@ SEED = 0                     # CP-SAT random seed
 # portfolio's bound-proving workers matter more than the cores).
 WORKERS = 4
 COMPARE_TARGETS = "trn2u,trn3-gen1,trn3-gen2"
+UNCERTAINTY = 0.03          # relative step-time uncertainty within which near-ties go to the robust layout

@@ -133,6 +133,8 @@ def check_search_args(args) -> None:
     check_int(args.workers, "--workers", 1, MAX_WORKERS)
     check_int(args.seed, "--seed", 0, MAX_SEED)
     check_int(getattr(args, "top", None), "--top", 0, MAX_TOP)
+    if getattr(args, "uncertainty", None) is not None:
+        check_float(args.uncertainty, "--uncertainty", 0.0, 1.0)
 
 
 def check_output_args(args) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trnopt.optimizer.cost.calibration import step_band
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
 from trnopt.optimizer.model.placement import instance_table, rank_map_rows, rank_map_summary, tp_summary
@@ -83,18 +84,42 @@ def solve_text(result: SearchResult) -> str:
     if source:
         at = next((i for i, line in enumerate(out) if line.startswith("  TP communication raw")), len(out) - 1)
         out.insert(at + 1, source)
+    out += uncertainty_lines(result)
     out += [""] + rank_map_lines(e, p.target)
     if result.runners_up:
-        out += ["", "next best layouts (other degrees):"]
+        out += ["", "next best layouts (other degrees, against the chosen one):"]
         base = e.step.total
         for r in result.runners_up:
+            d = 100 * (r.step.total / base - 1)
             out.append(f"  {r.layout.describe()} [{r.layout.placement_text()}]: {r.step.total:.3f} s/step, "
-                       f"slower by {100 * (r.step.total / base - 1):.1f}%")
+                       f"{'slower' if d >= 0 else 'faster'} by {abs(d):.1f}%")
+    if result.runners_up_cut:
+        out.append("  (the runner-up search's deterministic budget ended before every runner-up asked for)")
     if result.alternatives:
         out += ["", "why the obvious alternatives lost:"]
         for alt in result.alternatives:
             out.append(f"  {alt.name}: {alt.verdict}")
     return "\n".join(out)
+
+
+def uncertainty_lines(result: SearchResult) -> list[str]:
+    """The step-time band the calibration leaves, and whether the choice was a near-tie."""
+    p, e = result.problem, result.best
+    out = []
+    band = step_band(p.target)
+    if band is not None:
+        low, high, source = band
+        out.append(f"step-time band: {e.step.total * low:.1f} .. {e.step.total * high:.1f} s ({source})")
+    u = result.uncertainty
+    if result.fastest is not None and result.fastest.layout != e.layout:
+        slower = p.score(e) / p.score(result.fastest) - 1
+        out.append(f"robust choice: {result.fastest.layout.describe()} [{result.fastest.layout.placement_text()}] "
+                   f"models {100 * slower:.2g}% faster, within the {u:.0%} uncertainty; this layout keeps TP on "
+                   "faster links (inside a chip first) and more headroom")
+    elif u > 0 and result.runners_up and p.score(result.runners_up[0]) <= p.score(e) * (1 + u):
+        out.append(f"near-tie: the next best layout is within the {u:.0%} uncertainty "
+                   f"({100 * (p.score(result.runners_up[0]) / p.score(e) - 1):.2g}% slower)")
+    return [""] + out if out else []
 
 
 def evaluation_dict(e: Evaluation) -> dict:

@@ -35,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--framework", choices=tuple(PROFILES),
                    help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
                         "nxd with --format nxd): torchtitan = FSDP2/HSDP (ZeRO-3), nxd = ZeRO-0/1")
+    p.add_argument("--uncertainty", type=float, default=defaults.UNCERTAINTY,
+                   help=f"relative step-time uncertainty: among layouts within it of the fastest, prefer TP on "
+                        f"faster links and more headroom (default {defaults.UNCERTAINTY:g}; 0 keeps the fastest)")
     p.add_argument("--top", type=int, default=defaults.TOP,
                    help=f"runner-up layouts to show (default {defaults.TOP})")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     lnc = lnc_from_args(target, args)
     framework = framework_from_args(args)
     problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
-                      lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework))
+                      lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework),
+                      recompute=framework.recompute, interleave=framework.interleaved, instance_blocks=True)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
     note = ""
     if domains is None:
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             note = f"no domain count given: one {target.name} domain is enough"
         problem = replace(problem, domains=found)
-    result = solve(problem, args.time_limit, args.workers, args.seed, args.top)
+    result = solve(problem, args.time_limit, args.workers, args.seed, args.top, uncertainty=args.uncertainty)
     result.domains_note = note
     info = problem_dict(args.target, args.model, workload, problem.domains)
     if args.format == "json" or args.json == "-":

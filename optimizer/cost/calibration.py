@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate
@@ -175,3 +176,27 @@ def band(errors: list[float]) -> tuple[float, float]:
     can be as much faster as the model's worst over-estimate and as much slower as its worst
     under-estimate (errors are model / published - 1)."""
     return 1 / (1 + max(0.0, max(errors))), 1 / (1 + min(0.0, min(errors)))
+
+
+FAMILIES = {"trn1-published": trn1_cases, "table5": table5_cases}
+
+
+def step_band(target: Target) -> tuple[float, float, str] | None:
+    """(low, high, source) factors on a modelled step of ``target`` from the errors of the rows its
+    efficiency was fitted on (``band``), or None when it names no calibration set."""
+    family = next((name for name in FAMILIES if target.efficiency.fitted_on.startswith(name)), None)
+    if family is None:
+        return None
+    return _band_of(family, target.efficiency)
+
+
+@lru_cache(maxsize=8)
+def _band_of(family: str, efficiency: Efficiency) -> tuple[float, float, str]:
+    base = "trn1" if family == "trn1-published" else "a100"
+    from trnopt.optimizer.model.target import load_target
+
+    errors = [r.error for r in rows(load_target(base), FAMILIES[family]())]
+    low, high = band(errors)
+    carried = f"constants carried over from {base}: engine and collective-cost shares" if efficiency != load_target(
+        base).efficiency or "carried" in efficiency.fitted_on else f"fitted on {base}"
+    return low, high, f"calibration rows' errors {min(errors):+.0%} .. {max(errors):+.0%}; {carried}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
 from trnopt.optimizer.cost.overlap import OverlapTable, measured
-from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layout import RECOMPUTE, Layout
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -34,6 +34,14 @@ class Problem:
     """LNC values to search; None: every value the chip allows."""
     zero_stages: tuple[int, ...] = defaults.ZERO_STAGES
     """ZeRO stages to search, e.g. (0, 1) for frameworks with ZeRO-1 only."""
+    recompute: tuple[str, ...] = RECOMPUTE
+    """Recomputation modes to search (those the framework runs)."""
+    interleave: bool = True
+    """Whether interleaved pipeline stages may be searched (the framework has the schedule)."""
+    instance_blocks: bool = False
+    """Only placements in which every instance holds one block of consecutive ranks, as
+    torchrun numbers them (node_rank * nproc_per_node + local_rank) with a free node order
+    and core binding."""
 
     @property
     def lnc_values(self) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from trnopt.optimizer.model.target import Axis
 from trnopt.optimizer.model.workload import Workload
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "mlp", "full")
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.evaluate import Evaluation, inverse_goodput
 from trnopt.optimizer.cost.memory import memory_terms
 from trnopt.optimizer.cost.steptime import TERMS, ideal_compute_time, step_terms
-from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
-from trnopt.optimizer.search.space import Space, divisors, prime_exponents
+from trnopt.optimizer.search.space import Space, divisors, instance_prefix, prime_exponents
 from trnopt.optimizer.search.tabulate import Tabulator
 
 TICKS_PER_COMPUTE = 2**24  # ticks in the compute at peak
@@ -93,7 +93,8 @@ class LayoutModel(IntModel):
         # memory plan: ZeRO stage, recomputation, micro-batch size, interleaved stages
         self.zero_values = tuple(self.problem.zero_stages)
         self.zero = self.one_hot(self.zero_values, "zero")
-        self.rc = self.one_hot(RECOMPUTE, "recompute")
+        self.recompute_values = tuple(self.problem.recompute)
+        self.rc = self.one_hot(self.recompute_values, "recompute")
         self.micro = self.one_hot(space.micro_batches, "micro_batch")
         self.interleaves = space.interleaves if "pp" in self.active else (1,)
         self.inter = self.one_hot(self.interleaves, "interleave")
@@ -132,7 +133,7 @@ class LayoutModel(IntModel):
             return (self.row_index(choice) if choice is not None else const(0)), spans
         if key == "dp":
             return self.dp_index, self.dp_values
-        one_hots = {"recompute": (self.rc, RECOMPUTE), "zero": (self.zero, self.zero_values),
+        one_hots = {"recompute": (self.rc, self.recompute_values), "zero": (self.zero, self.zero_values),
                     "micro_batch": (self.micro, self.space.micro_batches),
                     "interleave": (self.inter, self.interleaves)}
         if key in one_hots:
@@ -211,11 +212,87 @@ class LayoutModel(IntModel):
                         md.add_bool_or([pp_lit.Not(), v_lit.Not()])
                 # interleaved 1F1B runs the micro-batches in groups of pp
                 md.add_modulo_equality(0, self.m.expr, pp.expr).only_enforce_if(v_lit)
+        if self.problem.instance_blocks:
+            self._instance_blocks()
         self.memory = self.add(*(self.tabulator.compile(e, 1.0) for e in self.memories.values()))
         if not self.scoring and not self.memory_objective:
             # the plan fits the HBM less the headroom
             usable = int(self.problem.target.chip.hbm_bytes * (1 - self.problem.headroom))
             md.add(self.memory.expr <= usable)
+
+    def _instance_blocks(self):
+        """Every instance holds one block of consecutive ranks (torchrun's numbering).
+
+        The ranks' digits run in rank order (tp, cp, ep, edp, pp; within a family, axes fastest
+        first), and the digits the families put on one axis nest there: after family i the
+        axis's positions taken multiply to P_i. An instance holds the first k of axis j's
+        positions (all of the core axis, none of the scale-out axis, a prefix of a domain
+        axis). Family i's digit on axis j is inside the instance when P_i divides k, outside
+        when k divides P_(i-1), split (the rest of the inside, then outside) when P_(i-1)
+        divides k and k divides P_i; any other digit straddles the boundary. The block rule:
+        no digit straddles, and no family with an outside digit comes before one with an
+        inside digit (space.instance_blocks_hold, the same rule on one layout). Divisibility is
+        read off prime exponents, so it stays linear."""
+        md = self.model
+        families = self.active
+        inside_sizes = instance_prefix(self.space.axes, self.problem.target.chips_per_instance)
+        has_in = {d: [] for d in families}
+        has_out = {d: [] for d in families}
+        for j, k in enumerate(inside_sizes):
+            divs, k_exp = self.axis_divisors[j], prime_exponents(k)
+            primes = sorted(set(prime_exponents(self.space.axes[j].size)) | set(k_exp))
+            cumulative = {p: 0 for p in primes}
+            divides_k, k_divides = [True], [k == 1]  # P_(-1) = 1
+            for i, d in enumerate(families):
+                for p in primes:
+                    cumulative[p] = cumulative[p] + sum(prime_exponents(v).get(p, 0) * b
+                                                        for v, b in zip(divs, self.place[d][j]))
+                a_lit, b_lit = md.new_bool_var(f"{d}@{j}|k"), md.new_bool_var(f"k|{d}@{j}")
+                over = [md.new_bool_var(f"{d}@{j}>{p}") for p in primes]
+                for p, o in zip(primes, over):
+                    # o: P_i has more of prime p than k (so P_i does not divide k)
+                    md.add(cumulative[p] >= k_exp.get(p, 0) + 1).only_enforce_if(o)
+                    md.add(cumulative[p] <= k_exp.get(p, 0)).only_enforce_if(o.Not())
+                md.add_bool_or([a_lit, *over])                   # P_i | k unless some prime is over
+                for o in over:
+                    md.add_implication(a_lit, o.Not())
+                under = [md.new_bool_var(f"{d}@{j}<{p}") for p in primes]
+                for p, u in zip(primes, under):
+                    # u: P_i has less of prime p than k (so k does not divide P_i)
+                    md.add(cumulative[p] <= k_exp.get(p, 0) - 1).only_enforce_if(u)
+                    md.add(cumulative[p] >= k_exp.get(p, 0)).only_enforce_if(u.Not())
+                md.add_bool_or([b_lit, *under])
+                for u in under:
+                    md.add_implication(b_lit, u.Not())
+                used = self.place[d][j][0].Not()  # the factor is more than 1 (divs[0] == 1)
+                prev_a, prev_b = divides_k[-1], k_divides[-1]
+                split = md.new_bool_var(f"{d}@{j}split")
+                md.add_bool_and([b_lit] + ([prev_a] if prev_a is not True else [])).only_enforce_if(split)
+                if prev_a is not True:
+                    md.add_bool_or([split.Not(), prev_a])
+                # a digit is inside, outside or split: never across the boundary
+                options = [a_lit, split] + ([] if prev_b is False else [prev_b] if prev_b is not True else [])
+                if prev_b is not True:
+                    md.add_bool_or([used.Not(), *options])
+                # it has an inside part unless it is outside, an outside part unless it is inside
+                if prev_b is not True:
+                    inside = md.new_bool_var(f"{d}@{j}in")
+                    md.add_bool_and([used] + ([prev_b.Not()] if prev_b is not False else [])).only_enforce_if(inside)
+                    md.add_bool_or([inside, used.Not()] + ([prev_b] if prev_b is not False else []))
+                    has_in[d].append((j, inside))
+                outside = md.new_bool_var(f"{d}@{j}out")
+                md.add_bool_and([used, a_lit.Not()]).only_enforce_if(outside)
+                md.add_bool_or([outside, used.Not(), a_lit])
+                has_out[d].append((j, outside))
+                divides_k.append(a_lit)
+                k_divides.append(b_lit)
+        for i, d in enumerate(families):
+            for j, o in has_out[d]:
+                # rank order: nothing inside an instance after an outside digit, in this family's
+                # later axes or in any later family
+                later = [n for jn, n in has_in[d] if jn > j] + [n for e in families[i + 1:] for _, n in has_in[e]]
+                for n in later:
+                    md.add_bool_or([o.Not(), n.Not()])
 
     # -- objective ------------------------------------------------------------------------------
     def _objective(self):
@@ -244,6 +321,23 @@ class LayoutModel(IntModel):
         self.objective = objective
         self.model.minimize(objective.expr)
 
+    def prefer_robust(self, step_cap_s: float) -> None:
+        """Replace the objective: among layouts whose step is at most ``step_cap_s``, the one
+        whose TP group leans least on slower links (each of TP's prime factors on the j-th
+        fastest axis counts j: the core axis, inside a chip, counts 0), then the one with the
+        least memory (most headroom). A step-time model is least certain where it is
+        least measured (slow links, overlap), so near-ties go to the layout that depends
+        least on it."""
+        md = self.model
+        md.add(self.step.expr <= math.floor(step_cap_s / self.tick))
+        lean = 0
+        if "tp" in self.active:
+            for j, divs in enumerate(self.axis_divisors):
+                lean += sum(j * sum(prime_exponents(v).values()) * b for v, b in zip(divs, self.place["tp"][j]))
+        mib = self.var(0, CAP >> 20, "memory_mib")
+        md.add_division_equality(mib.expr, self.materialise(self.memory, "memory").expr, 2**20)
+        md.minimize(lean * (CAP >> 19) + mib.expr)
+
     @property
     def objective_unit(self) -> float:
         """Seconds (of step, or of step / goodput) per unit of the integer objective."""
@@ -261,7 +355,7 @@ class LayoutModel(IntModel):
                     yield b, v == row[j]
             for v, b in zip(self.degree_values[d], self.deg[d]):
                 yield b, v == math.prod(row)
-        for values, bools, chosen in ((self.zero_values, self.zero, layout.zero), (RECOMPUTE, self.rc, layout.recompute),
+        for values, bools, chosen in ((self.zero_values, self.zero, layout.zero), (self.recompute_values, self.rc, layout.recompute),
                                       (self.space.micro_batches, self.micro, layout.micro_batch),
                                       (self.interleaves, self.inter, layout.interleave)):
             for v, b in zip(values, bools):
@@ -295,7 +389,7 @@ class LayoutModel(IntModel):
         deg = {d: math.prod(r) for d, r in zip(PLACED, rows)}
         return Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["edp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
                       axes=self.space.axes, placement=tuple(rows), zero=pick(self.zero_values, self.zero),
-                      recompute=pick(RECOMPUTE, self.rc), micro_batch=pick(self.space.micro_batches, self.micro),
+                      recompute=pick(self.recompute_values, self.rc), micro_batch=pick(self.space.micro_batches, self.micro),
                       interleave=pick(self.interleaves, self.inter), lnc=self.space.lnc)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.errors import InfeasibleError
+from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import GIB
 from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, SolverMismatch, check_agreement, solver_for
@@ -60,6 +60,8 @@ class SearchResult:
     alternatives: list[Alternative] = field(default_factory=list)
     domains_note: str = ""
     runners_up_cut: bool = False
+    fastest: Evaluation | None = None  # the fastest layout, when the robust choice is another
+    uncertainty: float = 0.0           # the relative step-time uncertainty near-ties were judged by
 
 
 def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
@@ -132,7 +134,8 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
 
 
 def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
-          seed: int = defaults.SEED, top: int = defaults.TOP, deterministic_limit: float | None = None) -> SearchResult:
+          seed: int = defaults.SEED, top: int = defaults.TOP, deterministic_limit: float | None = None,
+          uncertainty: float = 0.0) -> SearchResult:
     """Solve every LNC's space within ``time_limit`` in all; raise InfeasibleError with the explanation."""
     from trnopt.optimizer.search.domains import explain_infeasible
 
@@ -157,11 +160,29 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     bound = min(r.bound if r.evaluation else 0.0 for r in results if r.status not in ("INFEASIBLE", "NO_BETTER"))
     proven = all(r.status in ("OPTIMAL", "INFEASIBLE", "NO_BETTER") for r in results)
     gap = 0.0 if proven else max(0.0, (best.objective - bound) / best.objective)
-    runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e is not best.evaluation),
+    fastest = best.evaluation
+    chosen = robust_choice(problem, fastest, uncertainty, seed) if uncertainty > 0 else fastest
+    runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e.layout != chosen.layout),
                      key=problem.score)[:top]
-    return SearchResult(problem, best.evaluation, "OPTIMAL" if proven else "FEASIBLE", gap,
+    return SearchResult(problem, chosen, "OPTIMAL" if proven else "FEASIBLE", gap,
                         time.perf_counter() - start, sum(s.size() for s in spaces), runners,
-                        alternatives(problem, best.evaluation), runners_up_cut=any(r.runners_up_cut for r in results))
+                        alternatives(problem, chosen), runners_up_cut=any(r.runners_up_cut for r in results),
+                        fastest=fastest, uncertainty=uncertainty)
+
+
+def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, seed: int) -> Evaluation:
+    """Among layouts within ``uncertainty`` of the fastest (step time, same LNC), the one that leans
+    least on slow links for TP, then with the most headroom (LayoutModel.prefer_robust); the
+    fastest itself when nothing else qualifies or the budget ends first."""
+    space = Space(replace(problem, objective="step-time"), fastest.layout.lnc)
+    lm = LayoutModel(space)
+    lm.prefer_robust(fastest.step.total * (1 + uncertainty))
+    lm.hint(fastest.layout)
+    solver = solver_for(defaults.TIME_LIMIT_S, 1, seed, deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
+    if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
+        return fastest
+    e = problem.evaluate(lm.layout(solver))
+    return e if e.fits and problem.score(e) <= problem.score(fastest) * (1 + uncertainty) else fastest
 
 
 def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
@@ -171,15 +192,24 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
     greedy = greedy_layout(Space(p, lay.lnc))
     if greedy is not None:
         out.append(("greedy: TP of 8 (or the nearest degree) on the fastest links, the rest DP", greedy))
+    cores = lay.ranks_per_chip
+    if lay.tp != cores and cores > 1 and lay.ranks % (cores * lay.pp * lay.cp) == 0:
+        inside = {"tp": cores, "cp": lay.cp, "ep": 1, "dp": lay.ranks // (cores * lay.pp * lay.cp), "pp": lay.pp}
+        try:
+            out.append((f"TP inside a chip (TP{cores} on its cores, the rest DP)",
+                        replace(lay, tp=cores, ep=1, dp=inside["dp"], placement=default_placement(lay.axes, inside),
+                                dp_replicate=1)))
+        except InputError:
+            pass
     degrees = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp // lay.ep, "pp": lay.pp}
     try:
         out.append(("same degrees, TP innermost placement", replace(lay, placement=default_placement(lay.axes, degrees))))
     except Exception:  # these degrees may not tile the axes in the default order
         pass
-    for zero in range(4):
+    for zero in p.zero_stages:
         if zero != lay.zero:
             out.append((f"ZeRO-{zero} instead of ZeRO-{lay.zero}", replace(lay, zero=zero)))
-    for rc in ("none", "selective", "full"):
+    for rc in p.recompute:
         if rc != lay.recompute:
             out.append((f"{rc} recompute instead of {lay.recompute}", replace(lay, recompute=rc)))
     result, seen = [], {lay}
@@ -189,10 +219,11 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
             continue
         seen.add(alt)
         e = p.evaluate(alt)
+        d = 100 * (p.score(e) / base - 1)
         if not e.fits:
             verdict = f"over memory: {e.memory.total / GIB:.1f} GiB/chip > {e.usable_bytes / GIB:.1f} usable"
         else:
-            verdict = f"slower by {100 * (p.score(e) / base - 1):.2g}%"
+            verdict = f"{'slower' if d >= 0 else 'faster'} by {abs(d):.2g}%"
         result.append(Alternative(name, e, verdict))
     return result
 

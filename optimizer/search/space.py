@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.target import Axis
 
-CP_MIN_SEQ = 32768          # context parallelism is searched from this sequence length on
-MICRO_BATCHES = (1, 2, 4, 8)
-INTERLEAVES = (1, 2)
+CP_MIN_SEQ = 8192           # context parallelism is searched from this sequence length on
+CP_MAX = 16                 # ring attention's K/V traffic grows with the degree; 16 covers 128k tokens at 8k a rank
+MAX_MICRO_BATCH = 64        # sequences per micro-batch: any divisor of the global batch up to this
+INTERLEAVES = (1, 2, 3, 4, 6, 8)  # virtual stages per pipeline rank (as many as the layers allow)
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -37,6 +38,48 @@ def prime_exponents(n: int) -> dict[int, int]:
     if n > 1:
         out[n] = out.get(n, 0) + 1
     return out
+
+
+def instance_prefix(axes: tuple[Axis, ...], chips_per_instance: int) -> list[int]:
+    """Per axis, how many of its first positions one instance holds: all of the core axis,
+    none of the scale-out axis, a prefix of a domain axis (instances are the fastest chips)."""
+    out, below = [], 1
+    for axis in axes:
+        if axis.kind == "core":
+            out.append(axis.size)
+        elif axis.kind == "scale_out":
+            out.append(1)
+        else:
+            per = chips_per_instance // below if chips_per_instance % below == 0 else 1
+            out.append(math.gcd(per, axis.size) if below <= chips_per_instance else 1)
+            below *= axis.size
+    return out
+
+
+def instance_blocks_hold(layout: Layout, chips_per_instance: int) -> bool:
+    """The rule the CP-SAT model encodes (cpsat.LayoutModel._instance_blocks): in rank order no
+    digit straddles an instance boundary on its own, and no digit inside an instance follows
+    one outside it. Sufficient for torchrun's one-block-per-instance numbering; it skips the
+    placements that are producible only because two families' digits on one axis align
+    together (frameworks.profile.producible is the exact check)."""
+    inside = instance_prefix(layout.axes, chips_per_instance)
+    cumulative = [1] * len(layout.axes)
+    seen_outside = False
+    for row in layout.placement:
+        for j, f in enumerate(row):
+            if f == 1:
+                continue
+            before, after, k = cumulative[j], cumulative[j] * f, inside[j]
+            is_in, is_out = k % after == 0, before % k == 0
+            split = k % before == 0 and after % k == 0
+            if not (is_in or is_out or split):
+                return False
+            if not is_out and seen_outside:  # an inside part after an outside digit
+                return False
+            if not is_in:
+                seen_outside = True
+            cumulative[j] = after
+    return True
 
 
 @dataclass(frozen=True)
@@ -59,18 +102,22 @@ class Space:
         """Candidate degrees per placement dimension (dp here is dp // ep, the expert replicas)."""
         m, tr, r = self.problem.workload.model, self.problem.workload.training, self.ranks
         tp = tuple(d for d in divisors(r) if m.heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0))
-        cp = tuple(d for d in divisors(r) if tr.seq % d == 0) if tr.seq >= CP_MIN_SEQ else (1,)
+        cp = tuple(d for d in divisors(r) if tr.seq % d == 0 and d <= CP_MAX) if tr.seq >= CP_MIN_SEQ else (1,)
         ep = tuple(d for d in divisors(r) if m.moe and m.moe.experts % d == 0) or (1,)
         pp = tuple(d for d in divisors(r) if d <= m.layers)
         return {"tp": tp, "cp": cp, "ep": ep, "dp": divisors(r), "pp": pp}
 
     @property
     def interleaves(self) -> tuple[int, ...]:
-        return INTERLEAVES
+        """1, and where the framework runs interleaved 1F1B, every count that leaves two layers a rank."""
+        if not self.problem.interleave:
+            return (1,)
+        return tuple(v for v in INTERLEAVES if v == 1 or 2 * v <= self.problem.workload.model.layers)
 
     @cached_property
     def micro_batches(self) -> tuple[int, ...]:
-        return tuple(b for b in MICRO_BATCHES if self.problem.workload.training.global_batch % b == 0)
+        batch = self.problem.workload.training.global_batch
+        return tuple(b for b in range(1, min(batch, MAX_MICRO_BATCH) + 1) if batch % b == 0)
 
     def active(self, dim: str) -> bool:
         return len(self.degrees[dim]) > 1
@@ -83,7 +130,7 @@ class Space:
             # ordered factorizations of the axis size into n_dims factors
             placements *= math.prod(math.comb(e + n_dims - 1, n_dims - 1)
                                     for e in prime_exponents(axis.size).values())
-        return placements * len(self.micro_batches) * len(INTERLEAVES) * len(self.problem.zero_stages) * len(RECOMPUTE)
+        return placements * len(self.micro_batches) * len(self.interleaves) * len(self.problem.zero_stages) * len(self.problem.recompute)
 
     def placements(self) -> Iterator[tuple[tuple[int, ...], ...]]:
         """Every placement whose degrees are candidates, as rows in DIMS order."""
@@ -103,12 +150,16 @@ class Space:
         workload = self.problem.workload
         for rows in self.placements():
             deg = {d: math.prod(r) for d, r in zip(DIMS, rows)}
-            for b, v, zero, rc in itertools.product(self.micro_batches, INTERLEAVES, self.problem.zero_stages,
-                                                    RECOMPUTE):
+            for b, v, zero, rc in itertools.product(self.micro_batches, self.interleaves, self.problem.zero_stages,
+                                                    self.problem.recompute):
                 if v > 1 and deg["pp"] == 1:
                     continue
                 layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
                                 axes=self.axes, placement=rows, zero=zero, recompute=rc, micro_batch=b,
                                 interleave=v, lnc=self.lnc)
-                if not layout.workload_problems(workload):
-                    yield layout
+                if layout.workload_problems(workload):
+                    continue
+                if self.problem.instance_blocks and not instance_blocks_hold(
+                        layout, self.problem.target.chips_per_instance):
+                    continue
+                yield layout
