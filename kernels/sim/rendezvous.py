@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import CollectiveMismatchError, SimulatorError, _Aborted
+from .watchdog import debugging
 
 Participant = tuple[int, int]  # (rank, program)
 
@@ -161,6 +162,8 @@ class Rendezvous:
             done = sum(self._progress(m) for m in missing)
             if done != clock[1]:
                 clock[0], clock[1] = now, done  # a peer issued instructions: not a stall
+        if now - clock[0] > self.timeout_s and debugging():
+            clock[0] = now  # a peer stopped in a debugger is not stalled
         if now - clock[0] > self.timeout_s:
             raise self._fail(CollectiveMismatchError(
                 f"{_fmt(me)}, {deposit.desc}: blocked for {now - clock[0]:.1f} s (timeout_s={self.timeout_s:g}) "

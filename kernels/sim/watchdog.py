@@ -7,7 +7,9 @@ kernel line it is executing (from its thread's current frame) and the measured l
 the stall (reported GRACE_S after timeout_s, so that a rank waiting at a collective for the
 stalled one reports first, naming the collective). Participants blocked in a collective are reported by the rendezvous itself.
 The stalled threads are daemons and are left behind; the run's rendezvous is aborted so
-that every other thread stops at its next instruction or collective.
+that every other thread stops at its next instruction or collective. A thread stopped in
+a debugger (``breakpoint()``, an IDE: its frames carry a trace function) is not stalled:
+while one is, no time limit runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,24 @@ def _innermost_user_frame(thread: threading.Thread) -> str:
     return "an unknown line"
 
 
+def _is_debugger(trace: object) -> bool:
+    owner = getattr(trace, "__self__", trace)
+    mod = type(owner).__module__ or ""
+    return any(mod.startswith(m) for m in ("bdb", "pdb", "pydevd", "_pydevd", "debugpy")) or \
+        any(c.__name__ == "Bdb" for c in type(owner).__mro__)
+
+
+def debugging() -> bool:
+    """True while some thread is stopped in a debugger (pdb / breakpoint(), pydevd, debugpy:
+    a frame whose trace function belongs to one; a coverage tracer does not count)."""
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_trace is not None and _is_debugger(frame.f_trace):
+                return True
+            frame = frame.f_back
+    return False
+
+
 def wait(threads: dict[Any, threading.Thread], contexts: dict[Any, Any], rdv: Any, timeout_s: float) -> None:
     """Join ``threads``; raise StallError after ``timeout_s`` seconds without progress."""
     def progress() -> int:
@@ -49,7 +69,7 @@ def wait(threads: dict[Any, threading.Thread], contexts: dict[Any, Any], rdv: An
             return
         threads[alive[0]].join(POLL_S)
         now, seen = time.monotonic(), progress()
-        if seen != last:
+        if seen != last or debugging():
             last, since = seen, now
             continue
         if rdv.error is not None:
