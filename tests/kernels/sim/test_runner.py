@@ -173,3 +173,13 @@ def test_a_rank_stuck_in_python_fails_the_run_with_its_line_and_the_stall_time()
                                          r"  rank 1 at .*test_runner\.py:\d+ in stuck"):
         run_ranks(stuck, [(np.zeros(1, np.float32), r) for r in range(2)], timeout_s=0.2)
     assert time.monotonic() - t0 < 30  # bounded; never a hang
+
+
+def test_a_debugger_trace_function_is_recognised_and_a_plain_tracer_is_not() -> None:
+    import pdb
+
+    from trnopt.kernels.sim.watchdog import _is_debugger, debugging
+
+    assert _is_debugger(pdb.Pdb().trace_dispatch)
+    assert not _is_debugger(lambda frame, event, arg: None)
+    assert not debugging()
