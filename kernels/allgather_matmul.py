@@ -18,12 +18,9 @@ from __future__ import annotations
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
-from trnopt.kernels.ring import channel_halves, position_after, ring_setup
+from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, ring_setup
 from trnopt.kernels.tiling import (PMAX, SBUF_SHARE, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
                                    matmul_operands, unit_pieces)
-
-
-SLAB_BYTES = 512 * 1024  # default ring slab per channel: ~1.4 us of the 368 GB/s DMA bandwidth
 
 
 @nki.jit

@@ -20,9 +20,9 @@ from typing import Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
-from trnopt.kernels.ring import channel_halves, position_after, ring_setup
+from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, ring_setup
 from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
-                                   matmul_operands, tile_spans, unit_pieces)
+                                   matmul_operands, split_rows, tile_spans, unit_pieces)
 
 
 def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: str):
@@ -32,19 +32,24 @@ def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: st
     return rg, tp, pos, m // tp, halves
 
 
-def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_: int) -> None:
-    """Send columns n0:n0+nl_ of step s's partials on: plain permute at s = 0, permute-with-add after."""
-    cols = slice(n0, n0 + nl_)
+def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_: int,
+               piece: tuple[int, int] = (0, 1)) -> None:
+    """Send columns n0:n0+nl_ of step s's partials on, rows of the ``piece[0]``-th of
+    ``piece[1]`` row pieces of each channel: plain permute at s = 0, permute-with-add after."""
+    i, k = piece
+
+    def v(t):
+        r0, rn = split_rows(t.shape[0], min(k, t.shape[0]))[min(i, t.shape[0] - 1)]
+        return t[r0:r0 + rn, n0:n0 + nl_]
     if s == 0:
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[part[c][0][:, cols]] for c in chans],
-            dsts_by_channel=[[acc[c][0][:, cols]] for c in chans],
+            srcs_by_channel=[[v(part[c][0])] for c in chans], dsts_by_channel=[[v(acc[c][0])] for c in chans],
             replica_group=rg, channel_ids=chans, name="rs_step0")
     else:
         ncc.collective_permute_implicit_reduce(
-            srcs0_by_channel=[[part[c][s % 2][:, cols]] for c in chans],
-            srcs1_by_channel=[[acc[c][(s - 1) % 2][:, cols]] for c in chans],
-            dsts_by_channel=[[acc[c][s % 2][:, cols]] for c in chans],
+            srcs0_by_channel=[[v(part[c][s % 2])] for c in chans],
+            srcs1_by_channel=[[v(acc[c][(s - 1) % 2])] for c in chans],
+            dsts_by_channel=[[v(acc[c][s % 2])] for c in chans],
             replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
 
 
@@ -100,13 +105,19 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     slabs = unit_pieces(n, group_cols, pieces if pieces is not None else -(-n // group_cols))
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=w.dtype, name="rs")
 
+    # a slab of more than about SLAB_BYTES per channel goes in row pieces
+    slab_bytes = halves[0][1] * max(nl_ for _, nl_ in slabs) * w.dtype.itemsize
+    row_pieces = max(1, min(halves[-1][1], -(-slab_bytes // SLAB_BYTES)))
+
     def sender(s):
         # send each slab once the evacuation of its last column group is emitted
         todo = list(slabs)
 
         def on_evac(n0, ncols):
             while todo and todo[0][0] + todo[0][1] <= n0 + ncols:
-                _ring_step(rg, s, part, acc, chans, *todo.pop(0))
+                cols = todo.pop(0)
+                for i in range(row_pieces):
+                    pipe.defer(lambda cols=cols, i=i: _ring_step(rg, s, part, acc, chans, *cols, piece=(i, row_pieces)))
         return on_evac
     for s in range(tp):
         last = s == tp - 1

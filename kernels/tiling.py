@@ -242,6 +242,8 @@ class MatmulPipeline:
         self._pending: Any = None
         self._hook: Any = None
         self._on_evac: Any = None
+        self._deferred: list = []  # (call index of the evacuated group, fn)
+        self._evac_call = 0
         self._side: list = []
         self._due: list = []
 
@@ -305,6 +307,9 @@ class MatmulPipeline:
             assert tuple(x_sbuf.shape) == want, f"{self.name}: x_sbuf shape {tuple(x_sbuf.shape)} != {want}"
         self._x_sbuf = x_sbuf
         self._calls += 1
+        # what the evacuations of two calls back deferred goes first (their buffers turn over)
+        while self._deferred and self._deferred[0][0] <= self._calls - 2:
+            self._deferred.pop(0)[1]()
         if self.t.resident_x:
             assert len(mgs) == 1, f"{self.name}: resident_x tiling for one row group, got {len(mgs)}"
         for mi, (mg, ng) in enumerate(pairs):
@@ -320,10 +325,21 @@ class MatmulPipeline:
             self.flush()
 
     def flush(self) -> None:
-        """Emit the pending evacuation of the last group, if any."""
+        """Emit the pending evacuation of the last group, if any, and what `defer` holds."""
+        self._evac_pending()
+        while self._deferred:
+            self._deferred.pop(0)[1]()
+
+    def _evac_pending(self) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending()
+
+    def defer(self, fn: Any) -> None:
+        """Emit ``fn()`` (instructions) at the next K-block iteration, one deferred call per
+        iteration, so that a burst (the ring sends after an evacuation) spreads out; what is
+        left goes out at the next call's start, before an addend load and at `flush`."""
+        self._deferred.append((self._evac_call, fn))
 
     def _emit_side(self, item: Any) -> None:
         if callable(item):
@@ -401,10 +417,14 @@ class MatmulPipeline:
                 self._emit_side(self._side.pop(0))
             self._iter += 1
             if bi == 0:
-                self.flush()
+                self._evac_pending()
                 if self._hook is not None:
                     self._hook()
                     self._hook = None
+            if self._deferred and bi > 0:
+                self._deferred.pop(0)[1]()
+            if bi == len(self.k_blocks) // 2:
+                # mid-group: the addends are needed only at this group's evacuation
                 adds = self._load_addends(mts, n0, ncols)
             for j, (k0, ks) in enumerate(kblock):
                 first = bi == 0 and j == 0
@@ -416,8 +436,8 @@ class MatmulPipeline:
                         nisa.nc_matmul(ps[a][cc][0:rows, 0:cs], xb[0:ks, xslot + j, c:c + rows],
                                        wb[0:ks, wslot + j, col:col + cs], accumulate=not first,
                                        name=f"{self.name}_mm")
-        on_evac = self._on_evac
-        self._pending = lambda: self._evacuate(mts, nts, ps, adds, on_evac)
+        on_evac, call = self._on_evac, self._calls
+        self._pending = lambda: self._evacuate(mts, nts, ps, adds, on_evac, call)
 
     def _runs(self, mts: list) -> list[tuple[Any, int, int, int, int]]:
         """The group's row pieces as ``(block, first row, rows, tile, tiles)``: consecutive
@@ -451,13 +471,15 @@ class MatmulPipeline:
     def _load_addends(self, mts: list, n0: int, ncols: int) -> Any:
         if not mts or mts[0][0][0].addend is None:
             return None
+        while self._deferred:  # what an addend reads may be written by a deferred collective
+            self._deferred.pop(0)[1]()
         t = self.a_bufs[self._ai % len(self.a_bufs)]
         self._ai += 1
         for run in self._runs(mts):
             self._transfer(run[0].addend, t, run, n0, ncols, False, "ld_add")
         return t
 
-    def _evacuate(self, mts: list, nts: list, ps: list, adds: Any, on_evac: Any = None) -> None:
+    def _evacuate(self, mts: list, nts: list, ps: list, adds: Any, on_evac: Any = None, call: int = 0) -> None:
         n0 = nts[0][0]
         ncols = nts[-1][0] + nts[-1][1] - n0
         o = self.o_bufs[self._oi % len(self.o_bufs)]
@@ -477,6 +499,7 @@ class MatmulPipeline:
         for run in self._runs(mts):
             self._transfer(run[0].out, o, run, n0, ncols, True, "st")
         if on_evac is not None:
+            self._evac_call = call
             on_evac(n0, ncols)
 
 
