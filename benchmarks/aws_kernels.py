@@ -365,6 +365,65 @@ def _flatten_inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
 LIB_CASES.append(_lib("core/subkernels/indexed_flatten.py", "indexed_flatten", _flatten_inputs,
                       lambda a, kw, r, al: ref_indexed_flatten(*a), lnc=2))
 
+def _moe_inputs(block: int) -> Callable[[np.random.Generator, int], tuple[tuple, dict]]:
+    """Top-1 routed tokens in blocks of ``block`` per expert (padding token id T, zero row)."""
+    def make(rng: np.random.Generator, r: int, t: int = 256, h: int = 512, e: int = 4, i: int = 512):
+        x = np.zeros((t + 1, h), np.float32)
+        x[:t] = rng.standard_normal((t, h)) * 0.5
+        expert = rng.integers(0, e, t)
+        aff = np.zeros((t + 1, e), np.float32)
+        aff[np.arange(t), expert] = rng.uniform(0.5, 1, t)
+        pos, b2e = [], []
+        for k in range(e):
+            toks = list(np.flatnonzero(expert == k))
+            for b0 in range(0, max(len(toks), 1), block):
+                blk = toks[b0:b0 + block]
+                pos += blk + [t] * (block - len(blk))
+                b2e.append(k)
+        wg = rng.standard_normal((e, h, 2, i)) * 0.05
+        wd = rng.standard_normal((e, i, h)) * 0.05
+        return (x.astype(BF16), aff.reshape(-1, 1).astype(BF16), wg.astype(BF16), wd.astype(BF16), block,
+                np.array(pos, np.int32), np.array(b2e, np.int32).reshape(-1, 1)), {}
+    return make
+
+
+def ref_moe(x, aff, wg, wd, block, pos, b2e):
+    """out[t] = affinity * (silu(x Wg) * (x Wu)) Wd of the token's expert (affinity after the MLP)."""
+    x, wg, wd = x.astype(np.float64), wg.astype(np.float64), wd.astype(np.float64)
+    e = wg.shape[0]
+    a = aff.astype(np.float64).reshape(-1, e)
+    t = x.shape[0] - 1
+    out = np.zeros((t, x.shape[1]))
+    for tok in range(t):
+        k = int(np.argmax(a[tok]))
+        g, u = x[tok] @ wg[k, :, 0], x[tok] @ wg[k, :, 1]
+        out[tok] = a[tok, k] * ((g / (1 + np.exp(-g))) * u) @ wd[k]
+    return out
+
+
+def _moe_out(o: Any) -> np.ndarray:
+    o = np.asarray(o[0] if isinstance(o, (tuple, list)) else o).astype(np.float64)
+    return (o.sum(1) if o.ndim == 3 else o)[:-1]  # shard partials summed; padding row dropped
+
+
+def _post_scale(make: Any) -> Any:
+    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+        from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+        args, _ = make(rng, r)
+        return args, {"expert_affinities_scaling_mode": ExpertAffinityScaleMode.POST_SCALE}
+    return inputs
+
+
+LIB_CASES += [
+    _lib("core/moe/moe_cte/bwmm_shard_on_block.py", "bwmm_shard_on_block", _moe_inputs(128),
+         lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2, post=_moe_out),
+    _lib("experimental/moe/forward/bwmm_shard_on_H.py", "blockwise_mm_baseline_shard_hidden", _moe_inputs(128),
+         lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2, post=_moe_out),
+    _lib("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate",
+         _post_scale(_moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2,
+         post=_moe_out),
+]
+
 MX = "needs NeuronCore-v4 MX matmul / quantization (nisa.nc_matmul_mx, quantize_mx): Trn3 hardware, not simulated"
 LIB_CASES += [_lib(path, k, None, None, hardware_only=MX) for path, k in [
     ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx"),

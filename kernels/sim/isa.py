@@ -362,8 +362,11 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     ctx = _ctx("core_barrier")
     w = ctx.where("core_barrier", name)
     data = checks.tensor_arg(data, w, "data")
-    if tuple(int(c) for c in cores) != (0, 1):
-        raise ConstraintError(f"{w}: cores must be (0, 1), got {tuple(cores)}")
+    core_set = tuple(int(c) for c in cores) if isinstance(cores, (tuple, list)) else (int(cores),)
+    if core_set == (0,) and ctx.lnc == 1:
+        return NkiInstruction("core_barrier", name, 0.0, 0.0)  # a barrier of one core waits for no one
+    if core_set != (0, 1):
+        raise ConstraintError(f"{w}: cores must be (0, 1), got {cores!r}")
     if ctx.lnc != 2:
         raise ConstraintError(f"{w}: core_barrier needs LNC 2 (kernel[2]); this launch runs {ctx.lnc} program(s)")
     if data.buffer is not MemoryRegion.shared_hbm:

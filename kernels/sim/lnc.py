@@ -13,7 +13,8 @@ The simulator makes every run deterministic by refusing such races instead of re
 them by thread timing: in numerics mode each shared allocation keeps, per element, which
 programs wrote and read it since the last synchronisation of the rank's programs, and an
 access that conflicts with another program's access in that interval raises
-``RaceError`` naming both programs and instructions, whichever thread comes first. A read
+``RaceError`` naming both programs and instructions, whichever thread comes first (two
+writes of the same values are no conflict: memory ends the same in either order). A read
 of shared elements nothing has written yet is not judged at once (the other program may
 be about to write them, which is a race, not a read of unwritten memory): it is recorded,
 a later write of those elements by another program in the same interval is a
@@ -49,7 +50,7 @@ class SharedHbm:
         self.programs = programs
         self._lock = threading.Lock()
         self._allocs: dict[int, Allocation] = {}
-        self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, dict]] = {}
+        self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, dict, np.ndarray]] = {}
         self._unwritten: list[tuple[int, int, str, NkiTensor, np.ndarray]] = []  # (program, seq, message, view, mask)
         self._seq = 0
 
@@ -86,7 +87,7 @@ class SharedHbm:
             with self._lock:
                 if alloc.id not in self._tracked:
                     z = np.zeros(alloc.size, dtype=np.uint8)
-                    self._tracked[alloc.id] = (alloc, z, z.copy(), {})
+                    self._tracked[alloc.id] = (alloc, z, z.copy(), {}, np.array(alloc.data))
 
     def access(self, program: int, label: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Check and record one instruction's accesses of tracked tensors."""
@@ -99,12 +100,27 @@ class SharedHbm:
                     entry = self._tracked.get(v.alloc.id)
                     if entry is None:
                         continue
-                    _, wmask, rmask, who = entry
-                    # a reinterpreting view is taken to touch its whole allocation
-                    w, r = (v._strided(wmask), v._strided(rmask)) if v._dtype is None and v._rows is None \
-                        else (wmask, rmask)
+                    alloc, wmask, rmask, who, seen = entry
+                    # gather views: their elements; a reinterpreting view: its whole allocation
+                    sel = v._gather_index() if v._rows is not None else None
+                    if sel is not None:
+                        w, r = wmask[sel], rmask[sel]
+                    elif v._dtype is None:
+                        w, r = v._strided(wmask), v._strided(rmask)
+                    else:
+                        w, r = wmask, rmask
                     other = (w | r) if writing else w
                     clash = np.bitwise_and(other, np.uint8(~bit & 0xFF))
+                    settled = None
+                    if writing and clash.any() and not np.bitwise_and(r, np.uint8(~bit & 0xFF)).any():
+                        # only writes of the other program: the same values written twice give
+                        # the same memory whatever the order (e.g. both programs zeroing a
+                        # buffer); such elements count as settled before this interval
+                        now = self._values(v, alloc.data, sel)
+                        before = self._values(v, seen, sel)
+                        same = (now == before) | ((now != now) & (before != before))
+                        settled = same & (clash != 0)
+                        clash = np.where(same, np.uint8(0), clash)
                     if clash.any():
                         first = tuple(int(i) for i in np.argwhere(clash)[0])
                         peer = int(np.log2(int(clash[first]) & -int(clash[first])))
@@ -114,21 +130,52 @@ class SharedHbm:
                             f"{v.alloc.label()} (first at view index {first}) that program {peer} "
                             f"{who.get(peer, 'accessed')} with no nisa.core_barrier or nisa.sendrecv "
                             f"between them: on the device the result depends on timing")
-                    (w if writing else r)[...] |= bit
+                    if sel is not None:
+                        target = wmask if writing else rmask
+                        target[sel] |= bit
+                        if settled is not None:
+                            wmask[sel[settled]] = 0
+                    else:
+                        (w if writing else r)[...] |= bit
+                        if settled is not None:
+                            (w if v._dtype is None else wmask)[settled] = 0
+                    if writing:
+                        self._store(v, seen, alloc.data, sel)
                     who[program] = f"{'wrote' if writing else 'read'} in {label}"
                 if writing and self._unwritten:
                     self._check_read_before_write(program, label, v)
+
+    @staticmethod
+    def _values(v: NkiTensor, flat: np.ndarray, sel: Any) -> np.ndarray:
+        if sel is not None:
+            return flat[sel]
+        if v._dtype is None:
+            return np.array(v._strided(flat))
+        return flat
+
+    @staticmethod
+    def _store(v: NkiTensor, seen: np.ndarray, data: np.ndarray, sel: Any) -> None:
+        if sel is not None:
+            seen[sel] = data[sel]
+        elif v._dtype is None:
+            v._strided(seen)[...] = v._strided(data)
+        else:
+            seen[...] = data
 
     def _check_read_before_write(self, program: int, label: str, v: NkiTensor) -> None:
         for prog, _, msg, rv, mask in self._unwritten:
             if prog == program or rv.alloc is not v.alloc:
                 continue
             probe = np.zeros(v.alloc.size, dtype=bool)
-            if rv._dtype is None and rv._rows is None:
+            if rv._rows is not None:
+                probe[rv._gather_index()[mask]] = True
+            elif rv._dtype is None:
                 rv._strided(probe)[...] = mask
             else:
                 probe[...] = True
-            if (v._strided(probe) if v._dtype is None and v._rows is None else probe).any():
+            hit = probe[v._gather_index()] if v._rows is not None else \
+                (v._strided(probe) if v._dtype is None else probe)
+            if hit.any():
                 raise RaceError(
                     f"program {program}, {label}: writes elements of shared_hbm tensor {v.alloc.label()} that "
                     f"program {prog} read before they were written, with no nisa.core_barrier or "
@@ -138,7 +185,7 @@ class SharedHbm:
         """Every program passed a barrier: earlier accesses are ordered before later ones."""
         self.check_unwritten()
         with self._lock:
-            for _, wmask, rmask, who in self._tracked.values():
+            for _, wmask, rmask, who, _ in self._tracked.values():
                 wmask.fill(0)
                 rmask.fill(0)
                 who.clear()

@@ -115,3 +115,34 @@ def barrier_at_lnc1(x):
 def test_core_barrier_needs_lnc2():
     with pytest.raises(ConstraintError, match="core_barrier needs LNC 2"):
         nki.simulate(barrier_at_lnc1)(np.zeros((2, 2), np.float32))
+
+
+@nki.jit
+def both_zero_then_each_half(x):
+    """Both programs zero the whole output (the same values: no race), then each writes its half."""
+    p = nl.program_id(0)
+    rows = x.shape[0] // 2
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm, name="out")
+    z = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=z, value=0.0)
+    nisa.dma_copy(dst=out, src=z)
+    t = nl.ndarray((rows, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[p * rows:(p + 1) * rows, :])
+    nisa.dma_copy(dst=out[p * rows:(p + 1) * rows, :], src=t)
+    return out
+
+
+def test_the_same_values_written_by_both_programs_are_no_race():
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for _ in range(3):
+        np.testing.assert_array_equal(nki.simulate(both_zero_then_each_half[2])(x), x)
+
+
+@nki.jit
+def one_core_barrier(x):
+    nisa.core_barrier(data=x, cores=(0))
+    return None
+
+
+def test_a_barrier_of_one_core_at_lnc1_waits_for_no_one():
+    nki.simulate(one_core_barrier)(np.zeros((2, 2), np.float32))
