@@ -74,9 +74,11 @@ def test_reading_the_other_programs_writes_without_a_barrier_is_refused_every_ti
 
 @nki.jit
 def both_write_same_rows(x):
+    """Each program writes its own values (x + program id) into the same rows."""
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm, name="out")
     t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(nl.program_id(0)))
     nisa.dma_copy(dst=out, src=t, name="store")
     return out
 
@@ -119,13 +121,15 @@ def test_core_barrier_needs_lnc2():
 
 @nki.jit
 def both_zero_then_each_half(x):
-    """Both programs zero the whole output (the same values: no race), then each writes its half."""
+    """Both programs zero the whole output (the same values: no race), and after a barrier
+    each writes its half."""
     p = nl.program_id(0)
     rows = x.shape[0] // 2
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm, name="out")
     z = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
     nisa.memset(dst=z, value=0.0)
     nisa.dma_copy(dst=out, src=z)
+    nisa.core_barrier(data=out, cores=(0, 1))
     t = nl.ndarray((rows, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=x[p * rows:(p + 1) * rows, :])
     nisa.dma_copy(dst=out[p * rows:(p + 1) * rows, :], src=t)
