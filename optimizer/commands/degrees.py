@@ -1,8 +1,8 @@
 """Whether any parallel degrees fit a machine at all: a proof for exit 3 before any search.
 
 A layout needs tp * cp * dp * pp = ranks, with tp dividing the attention heads (and
-dividing or being a multiple of the KV heads), cp dividing the sequence (only from
-search.space.CP_MIN_SEQ on; else 1), pp at most the layers and dp dividing the global
+dividing or being a multiple of the KV heads), cp dividing the sequence and at most
+search.space.CP_MAX (only from search.space.CP_MIN_SEQ on; else 1), pp at most the layers and dp dividing the global
 batch (micro-batch 1 is always allowed; ep is carved out of dp and 1 always works). When
 no such product equals the rank count, no layout exists, whatever the memory: that is
 proven here by enumerating the few candidates (divisors of the heads, of the sequence and
@@ -11,12 +11,12 @@ of the batch), and the message says what would fit instead.
 
 from __future__ import annotations
 
+import math
+
 from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
-from trnopt.optimizer.search.space import CP_MIN_SEQ
-
-SEARCH_BACK = 256  # domain counts tried below the given one for "what would fit"
+from trnopt.optimizer.search.space import CP_MAX, CP_MIN_SEQ
 
 
 def _divisors(n: int) -> list[int]:
@@ -36,7 +36,7 @@ class Degrees:
     def __init__(self, workload: Workload):
         m, t = workload.model, workload.training
         self.tp = [d for d in _divisors(m.heads) if m.kv_heads % d == 0 or d % m.kv_heads == 0]
-        self.cp = _divisors(t.seq) if t.seq >= CP_MIN_SEQ else [1]
+        self.cp = [d for d in _divisors(t.seq) if d <= CP_MAX] if t.seq >= CP_MIN_SEQ else [1]
         self.dp = _divisors(t.global_batch)
         self.layers = m.layers
 
@@ -55,6 +55,20 @@ class Degrees:
     def largest(self) -> int:
         return max(self.tp) * max(self.cp) * max(self.dp) * self.layers
 
+    def most_domains(self, per_domain: int, top: int) -> int:
+        """The largest domain count <= ``top`` whose ranks (``per_domain`` each) the degrees tile, or 0.
+
+        For each product x = tp*cp*dp, pp must make x*pp a multiple of per_domain: a multiple
+        of per_domain / gcd(x, per_domain), at most the layers and at most top*per_domain / x.
+        """
+        best = 0
+        for x in {tp * cp * dp for tp in self.tp for cp in self.cp for dp in self.dp}:
+            step = per_domain // math.gcd(x, per_domain)
+            pp = min(self.layers, top * per_domain // x) // step * step
+            if pp:
+                best = max(best, x * pp // per_domain)
+        return best
+
 
 def tiles(degrees: Degrees, target: Target, lnc_values: tuple[int, ...], domains: int) -> bool:
     return any(degrees.fit(target.ranks(lnc, domains)) for lnc in lnc_values)
@@ -70,7 +84,8 @@ def check_degrees(workload: Workload, target: Target, lnc_values: tuple[int, ...
     degrees = Degrees(workload)
     m, t = workload.model, workload.training
     rule = (f"the ranks must be tp*cp*dp*pp with tp dividing the {m.heads} heads (tp <= {max(degrees.tp)}), "
-            + (f"cp dividing the sequence {t.seq}" if t.seq >= CP_MIN_SEQ else f"cp 1 (sequence under {CP_MIN_SEQ})")
+            + (f"cp dividing the sequence {t.seq} (cp <= {max(degrees.cp)})" if t.seq >= CP_MIN_SEQ
+               else f"cp 1 (sequence under {CP_MIN_SEQ})")
             + f", dp dividing the global batch {t.global_batch:,} and pp <= {m.layers} layers")
     if domains is None:
         largest = next((d for d in range(most, 0, -1) if tiles(degrees, target, lnc_values, d)), None)
@@ -85,10 +100,8 @@ def check_degrees(workload: Workload, target: Target, lnc_values: tuple[int, ...
     ranks = ", ".join(f"{target.ranks(lnc, domains):,} ranks at LNC={lnc}" for lnc in lnc_values)
     why = (f"no layout of {m.name} exists on {domains:,} x {target.name} ({ranks}), whatever the memory: "
            f"{rule}, and no such product equals it (the largest is {degrees.largest():,})")
-    top = min(domains - 1, degrees.largest() // min(target.ranks(lnc, 1) for lnc in lnc_values))
-    smaller = next((d for d in range(top, max(0, top - SEARCH_BACK), -1)
-                    if tiles(degrees, target, lnc_values, d)), None)
-    if smaller is not None:
+    smaller = max(degrees.most_domains(target.ranks(lnc, 1), domains - 1) for lnc in lnc_values)
+    if smaller:
         size = f"--ultraservers {smaller}" if target.instances_per_domain > 1 else f"--instances {smaller}"
         fix = (f"what would tile: {smaller:,} domains ({size}; whether a layout fits its memory is the "
                "search's to say), or a global batch with more divisors")

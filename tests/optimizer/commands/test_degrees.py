@@ -13,18 +13,23 @@ def workload(model="llama3-8b", batch=1024, seq=8192):
 
 
 def test_degrees_fit_exactly_the_products_the_rules_allow():
-    d = Degrees(workload())  # tp | 32 heads (kv 8), pp <= 32 layers, dp | 1024, cp 1
+    d = Degrees(workload(seq=4096))  # tp | 32 heads (kv 8), pp <= 32 layers, dp | 1024, cp 1 below CP_MIN_SEQ
     assert d.fit(64) and d.fit(32 * 32 * 1024) and not d.fit(32 * 32 * 1024 * 2) and not d.fit(37 * 64)
     assert d.largest() == 32 * 32 * 1024
+    assert d.most_domains(64, 100_000) == 32 * 32 * 1024 // 64
+    assert all(d.fit(64 * n) == (d.most_domains(64, n) == n) for n in range(1, 400))
 
 
 def test_proof_and_what_would_tile():
     target = load_target("trn2")
-    assert check_degrees(workload(), target, (1, 2), 1) == 1
+    assert check_degrees(workload(seq=4096), target, (1, 2), 1) == 1
     with pytest.raises(InfeasibleError) as err:
-        check_degrees(workload(), target, (1, 2), 100_000)
+        check_degrees(workload(seq=4096), target, (1, 2), 100_000)
     text = str(err.value)
     assert "whatever the memory" in text and "largest is 1,048,576" in text and "--instances 16384" in text
+    with pytest.raises(InfeasibleError) as err:  # 6,400,000 = 2^11 * 5^5 ranks: 5^5 fits no degree
+        check_degrees(workload(), target, (2,), 100_000)
+    assert "--instances 98304" in str(err.value)  # 64 * 98304 = 2^21 * 3
 
 
 def test_no_domain_count_tiles():
