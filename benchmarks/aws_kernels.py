@@ -414,7 +414,21 @@ def _post_scale(make: Any) -> Any:
     return inputs
 
 
+def _hybrid(make: Any) -> Any:
+    """The hybrid kernel's inputs: conditions [N+1] (1: a block with tokens, last 0) first."""
+    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+        from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+        args, _ = make(rng, r)
+        pos, t = args[5].reshape(-1, args[4]), args[0].shape[0] - 1
+        cond = np.concatenate([(pos != t).any(1), [False]]).astype(np.int32)
+        return (cond,) + args, {"expert_affinities_scaling_mode": ExpertAffinityScaleMode.POST_SCALE}
+    return inputs
+
+
 LIB_CASES += [
+    _lib("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate_hybrid",
+         _hybrid(_moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a[1:]), lnc=2, rtol=2e-2, atol=1e-2,
+         post=_moe_out),
     _lib("core/moe/moe_cte/bwmm_shard_on_block.py", "bwmm_shard_on_block", _moe_inputs(128),
          lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2, post=_moe_out),
     _lib("experimental/moe/forward/bwmm_shard_on_H.py", "blockwise_mm_baseline_shard_hidden", _moe_inputs(128),

@@ -369,8 +369,10 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
         raise ConstraintError(f"{w}: cores must be (0, 1), got {cores!r}")
     if ctx.lnc != 2:
         raise ConstraintError(f"{w}: core_barrier needs LNC 2 (kernel[2]); this launch runs {ctx.lnc} program(s)")
-    if data.buffer is not MemoryRegion.shared_hbm:
-        raise ConstraintError(f"{w}: data must be in shared_hbm, got {data.buffer.name}")
+    if data.buffer is MemoryRegion.psum:
+        # the page asks for shared HBM data; nki-library's own kernels (bwmm_shard_on_I) also
+        # synchronise on SBUF tensors, which the compiler accepts: only PSUM is refused
+        raise ConstraintError(f"{w}: data must be in shared_hbm (or SBUF), got {data.buffer.name}")
     eng = _ENGINE_NAMES.get(engine, "GpSimd")
     ready = max(ctx.timeline.ready([data], []), ctx.timeline.engine_free.get(eng, 0.0))
     got = ctx.rendezvous.exchange(
