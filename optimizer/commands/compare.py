@@ -30,10 +30,11 @@ from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.args import (add_output_args, add_search_args, add_workload_args, check_output_args,
                                             check_search_args, workload_from_args)
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.errors import InfeasibleError, InputError
+from trnopt.optimizer.errors import InfeasibleError, InputError, one_line
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
-from trnopt.optimizer.search.domains import domain_flag, fewest_domains
+from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
+from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory
 from trnopt.optimizer.search.driver import SearchResult, solve
 from trnopt.optimizer.search.cpsat import SolverMismatch
 from trnopt.optimizer.cost.problem import Problem
@@ -100,11 +101,18 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
     for ref, target in targets:
         problem = Problem(workload, target, domains or 1, headroom, objective=objective)
         row = Row(ref, target, domains, "given" if domains else "fewest")
+        try:
+            tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
+        except InfeasibleError as exc:
+            row.status, row.reason = "infeasible", str(exc)
+            rows.append(row)
+            continue
         if domains is None:
             found = fewest_domains(problem, workers=workers, seed=seed)
             if found is None:
-                row.status, row.reason = "infeasible", (f"{workload.model.name} fits on no count of {target.name} "
-                                                        f"domains up to 64 with {headroom:.0%} headroom")
+                need = least_memory(replace(problem, domains=tiled), workers, seed)
+                row.status, row.reason = "infeasible", fits_on_no_count(workload, target, headroom, MAX_DOMAINS,
+                                                                        tiled, need)
                 rows.append(row)
                 continue
             row.domains = found
@@ -237,11 +245,16 @@ def run(args: argparse.Namespace) -> int:
         print(compare_text(rows, workload, settings))
         if args.json:
             write_output(args.json, compare_dict(rows, workload, settings), args.force)
+    if baseline(rows) is None:  # one line, as every exit 3
+        reasons = "; ".join(f"{r.target_ref}: {r.reason}" for r in rows)
+        print(one_line(f"trnopt: infeasible: {workload.model.name} fits on none of the targets ({reasons})"),
+              file=sys.stderr)
+        return 3
     for r in rows:
         if r.status == "error":
             print(f"trnopt: warning: {r.target_ref}: {r.reason}", file=sys.stderr)
         elif r.result is not None and r.result.status != "OPTIMAL":
             print(f"trnopt: warning: {r.target_ref}: time limit reached; best layout shown, gap "
                   f"{100 * r.result.gap:.2f}%", file=sys.stderr)
-    return 0 if baseline(rows) is not None else 3
+    return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from trnopt.optimizer.cost.memory import usable_hbm
 from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
@@ -108,3 +109,15 @@ def check_degrees(workload: Workload, target: Target, lnc_values: tuple[int, ...
     else:
         fix = "what would tile: fewer domains, or a global batch (--global-batch) with more divisors"
     raise InfeasibleError(f"{why}; {fix}")
+
+
+def fits_on_no_count(workload: Workload, target: Target, headroom: float, most: int, tiled: int,
+                     need_bytes: float) -> str:
+    """Why no domain count up to ``most`` fits, with the memory floor on ``tiled`` domains (the most that tile)."""
+    m = workload.model
+    floor = (f"on {tiled} domains the least memory any layout needs is at least {need_bytes / 2**30:.1f} GiB per "
+             "chip" if math.isfinite(need_bytes) else
+             f"on {tiled} domains no layout's memory could be bounded within the search's limits")
+    return (f"{m.name} fits on no count of {target.name} domains up to {most} with {headroom:.0%} headroom: {floor}, "
+            f"against {usable_hbm(target, headroom) / 2**30:.1f} GiB usable; what would fit: more domains (--ultraservers/--instances), a smaller global batch or sequence, "
+            "or a smaller --headroom")

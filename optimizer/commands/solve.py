@@ -10,7 +10,7 @@ from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.args import (add_problem_args, add_search_args, check_output_args, check_search_args,
                                             domains_from_args, lnc_from_args, workload_from_args,
                                             zero_stages_from_args)
-from trnopt.optimizer.commands.degrees import check_degrees
+from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.commands.report import solve_dict, solve_text
 from trnopt.optimizer.cost.problem import Problem
@@ -65,11 +65,7 @@ def run(args: argparse.Namespace) -> int:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed)
         if found is None:
             need = least_memory(replace(problem, domains=tiled), args.workers, args.seed)
-            raise InfeasibleError(f"{workload.model.name} fits on no count of {target.name} domains up to "
-                                  f"{MAX_DOMAINS} with {args.headroom:.0%} headroom: on {tiled} domains "
-                                  f"the least memory any layout needs is at least {need / GIB:.1f} GiB per chip; "
-                                  "what would fit: more domains (--ultraservers/--instances), a smaller global "
-                                  "batch or sequence, or a smaller --headroom")
+            raise InfeasibleError(fits_on_no_count(workload, target, args.headroom, MAX_DOMAINS, tiled, need))
         if found > 1:
             need = least_memory(problem, args.workers, args.seed)
             note = (f"no domain count given: {found} is the fewest {target.name} domains on which "

@@ -538,3 +538,11 @@ def test_extreme_but_valid_inputs_get_an_answer(tmp_path, case):
         assert data["tokens_per_s"] > 0 and math.isfinite(data["step_time_s"])
     else:
         assert run.code == 3 and ("GiB" in run.err or TIMED_OUT in run.err) and "inf GiB" not in run.err, run.err
+
+
+def test_compare_with_no_target_that_fits_exits_3_on_one_line(tmp_path):
+    tiny = write(tmp_path, "tiny.toml", {"name": "tiny", "layers": 1, "hidden": 64, "heads": 1, "ffn": 128,
+                                        "vocab": 1000})
+    run = cli("compare", "--targets", "trn2,trn2u", "--model", tiny, "--global-batch", 1, "--time-limit", 5)
+    assert run.code == 3 and "no layout of tiny exists on 1 to 64 trn2 domains" in run.err
+    assert "trn2u:" in run.err
