@@ -425,7 +425,21 @@ def _hybrid(make: Any) -> Any:
     return inputs
 
 
+def _moe_cte(make: Any) -> Any:
+    """moe_cte's order (token_position_to_id, block_to_expert, block_size, spec): shard_on_block."""
+    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+        from nkilib.core.moe.moe_cte.moe_cte import MoECTEImplementation, MoECTESpec
+        from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+        (x, aff, wg, wd, block, pos, b2e), _ = make(rng, r)
+        return (x, aff, wg, wd, pos, b2e, block, MoECTESpec(implementation=MoECTEImplementation.shard_on_block)), \
+            {"expert_affinities_scaling_mode": ExpertAffinityScaleMode.POST_SCALE}
+    return inputs
+
+
 LIB_CASES += [
+    _lib("core/moe/moe_cte/moe_cte.py", "moe_cte", _moe_cte(_moe_inputs(128)),
+         lambda a, kw, r, al: ref_moe(a[0], a[1], a[2], a[3], a[6], a[4], a[5]), lnc=2, rtol=2e-2, atol=1e-2,
+         post=_moe_out),
     _lib("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate_hybrid",
          _hybrid(_moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a[1:]), lnc=2, rtol=2e-2, atol=1e-2,
          post=_moe_out),
