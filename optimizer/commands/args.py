@@ -11,9 +11,10 @@ import argparse
 import math
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.output import check_output
+from trnopt.optimizer.commands.output import check_output, write_stream
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
+from trnopt.optimizer.model.placement import MAX_CSV_RANKS, rank_map_csv
 from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import Target, check_domains
 from trnopt.optimizer.model.workload import Training, Workload, load_model
@@ -137,9 +138,36 @@ def check_search_args(args) -> None:
         check_float(args.uncertainty, "--uncertainty", 0.0, 1.0)
 
 
+def add_rank_map_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rank-map", metavar="FILE",
+                   help="also write one row per rank (CSV, as check-map reads it; '-' for stdout)")
+
+
 def check_output_args(args) -> None:
-    """--json FILE writable, before the work starts."""
+    """--json FILE (and --rank-map FILE where the command has it) writable, before the work starts."""
     check_output(args.json, "--json", args.force)
+    check_output(getattr(args, "rank_map", None), "--rank-map", args.force)
+    if args.json == "-" and getattr(args, "rank_map", None) == "-":
+        raise InputError("--rank-map", "rank_map", "'-' for both --json and --rank-map; give one a FILE")
+
+
+def check_rank_map_size(args, ranks: int) -> None:
+    """--rank-map FILE holds at most placement.MAX_CSV_RANKS rows; checked before the work where the ranks are known."""
+    if getattr(args, "rank_map", None) and ranks > MAX_CSV_RANKS:
+        raise InputError("--rank-map", "rank_map", f"{ranks:,} ranks; a rank map file holds at most "
+                         f"{MAX_CSV_RANKS:,} rows (the JSON's rank_map gives the rule for every rank)")
+
+
+def write_rank_map(args, layout, target) -> None:
+    """--rank-map FILE: the planned map, streamed."""
+    if args.rank_map:
+        check_rank_map_size(args, layout.ranks)
+        write_stream(args.rank_map, rank_map_csv(layout, target), args.force, "--rank-map")
+
+
+def text_to_stdout(args) -> bool:
+    """The text report goes to stdout unless --json - or --rank-map - takes it."""
+    return "-" not in (args.json, getattr(args, "rank_map", None))
 
 
 def zero_stages_from_args(args) -> tuple[int, ...]:

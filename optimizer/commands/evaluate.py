@@ -11,15 +11,17 @@ import math
 import re
 import sys
 
-from trnopt.optimizer.commands.args import (add_problem_args, check_int, check_output_args, domains_from_args,
-                                            lnc_from_args, workload_from_args)
+from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, check_int, check_output_args,
+                                            check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
+                                            workload_from_args, write_rank_map)
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_json, rank_map_lines
+from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
 from trnopt.optimizer.model.layoutfile import problem_dict
+from trnopt.optimizer.model.placement import rank_map_summary
 from trnopt.optimizer.model.target import GIB, check_domains, load_target
 
 
@@ -39,8 +41,7 @@ def register(sub) -> None:
     p.add_argument("--lnc", type=int, help="logical NeuronCore config (default: the target's)")
     p.add_argument("--placement", help='each dimension\'s factors on named axes, e.g. "tp=core4,x4,y4;pp=ring4;dp=efa2" '
                    "(default: TP on the fastest axes, then cp, ep, dp, pp)")
-    p.add_argument("--rank-map", action="store_true",
-                   help="put one row per rank in the JSON (default: a summary of a few lines)")
+    add_rank_map_arg(p)
     p.set_defaults(run=run)
 
 
@@ -122,13 +123,14 @@ def run(args: argparse.Namespace) -> int:
     problems = layout.workload_problems(workload)
     if problems:
         raise InputError(source or "--tp/--pp/--dp/--cp", "degrees", problems[0])
+    check_rank_map_size(args, layout.ranks)
     e = Problem(workload, target, domains, args.headroom).evaluate(layout)
-    if args.json != "-":
+    if text_to_stdout(args):
         print("\n".join(evaluation_lines(e, target) + [""] + rank_map_lines(e, target)))
     if args.json:
         write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
-                                 **evaluation_dict(e), "rank_map": rank_map_json(e, target, args.rank_map)},
-                     args.force)
+                                 **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}, args.force)
+    write_rank_map(args, layout, target)
     if not e.fits:
         print(f"trnopt evaluate: the layout does not fit: {e.memory.total / GIB:.1f} GiB per chip, "
               f"{e.usable_bytes / GIB:.1f} usable", file=sys.stderr)

@@ -20,6 +20,7 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterable
 
 from trnopt.optimizer.errors import InputError
 
@@ -60,29 +61,35 @@ def check_output(path: str | None, flag: str = "--json", force: bool = False) ->
 def write_output(path: str, payload: dict | str | bytes, force: bool = False, flag: str = "--json") -> None:
     """Write JSON, text or bytes to a file, or to stdout for '-'; never overwrite a file unless forced."""
     data = payload if isinstance(payload, (str, bytes)) else json.dumps(payload, indent=2) + "\n"
+    write_stream(path, [data], force, flag)
+
+
+def write_stream(path: str, chunks: Iterable[str | bytes], force: bool = False, flag: str = "--json") -> None:
+    """Write text or byte chunks as they come (a rank map of millions of rows is never held whole)."""
     if path == "-":
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-        else:
-            sys.stdout.write(data)
+        for chunk in chunks:
+            if isinstance(chunk, bytes):
+                sys.stdout.buffer.write(chunk)
+            else:
+                sys.stdout.write(chunk)
         return
     check_output(path, flag, force)
-    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        if os.path.lexists(path):  # forced: replace it in one rename
-            fd, tmp = tempfile.mkstemp(prefix=".trnopt-", dir=os.path.dirname(os.path.abspath(path)))
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(raw)
+        if os.path.lexists(path):  # forced: write beside it, then replace it in one rename
+            fd, tmp = tempfile.mkstemp(prefix=".trnopt-", dir=folder)
+        else:
+            fd, tmp = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644), None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8"))
+            if tmp is not None:
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, path)
-            finally:
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+        finally:
+            if tmp is not None and os.path.lexists(tmp):
+                os.unlink(tmp)
     except FileExistsError:
         raise InputError(path, flag, "file exists; trnopt never overwrites a file (pass --force to replace it)") from None
     except OSError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from trnopt.optimizer.cost.calibration import step_band
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
-from trnopt.optimizer.model.placement import instance_table, rank_map_rows, rank_map_summary, tp_summary
+from trnopt.optimizer.model.placement import instance_table, rank_map_summary, tp_summary
 from trnopt.optimizer.search.driver import SearchResult
 from trnopt.optimizer.model.target import GIB, Target
 
@@ -126,13 +126,8 @@ def evaluation_dict(e: Evaluation) -> dict:
     return {"layout": layout_dict(e.layout), **e.as_dict()}
 
 
-def rank_map_json(e: Evaluation, target: Target, full: bool) -> dict | list[dict]:
-    """The rank map of a JSON answer: a summary of a few lines, or one row per rank when asked for (--rank-map)."""
-    return list(rank_map_rows(e.layout, target)) if full else rank_map_summary(e.layout, target)
-
-
-def solve_dict(result: SearchResult, problem_info: dict, full_rank_map: bool = False) -> dict:
-    """One JSON document, under 1 MB whatever the machine unless ``full_rank_map`` asks for every rank."""
+def solve_dict(result: SearchResult, problem_info: dict) -> dict:
+    """One JSON document, under 1 MB whatever the machine (the rank map is its summary; --rank-map FILE has every rank)."""
     e = result.best
     return {
         "problem": problem_info,
@@ -143,7 +138,7 @@ def solve_dict(result: SearchResult, problem_info: dict, full_rank_map: bool = F
         "layout": layout_dict(e.layout),
         **e.as_dict(),
         "lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc},
-        "rank_map": rank_map_json(e, result.problem.target, full_rank_map),
+        "rank_map": rank_map_summary(e.layout, result.problem.target),
         "runners_up": [evaluation_dict(r) for r in result.runners_up],
         "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}
                          for a in result.alternatives],

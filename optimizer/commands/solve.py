@@ -7,8 +7,9 @@ import sys
 from dataclasses import replace
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.args import (add_problem_args, add_search_args, check_output_args, check_search_args,
-                                            domains_from_args, lnc_from_args, workload_from_args,
+from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, add_search_args, check_output_args,
+                                            check_rank_map_size, check_search_args, domains_from_args,
+                                            lnc_from_args, text_to_stdout, workload_from_args, write_rank_map,
                                             zero_stages_from_args)
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
 from trnopt.optimizer.commands.output import write_output
@@ -29,8 +30,7 @@ def register(sub) -> None:
     add_problem_args(p)
     add_search_args(p)
     p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
-    p.add_argument("--rank-map", action="store_true",
-                   help="put one row per rank in the JSON (default: a summary of a few lines)")
+    add_rank_map_arg(p)
     p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default: those the framework runs)")
     p.add_argument("--framework", choices=tuple(PROFILES),
                    help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-" and args.format in export.FORMATS:
         raise InputError("--json", "json", f"'-' writes the JSON to stdout, where --format {args.format} writes; "
                          "give --json FILE")
+    if args.rank_map == "-" and args.format != "text":
+        raise InputError("--rank-map", "rank_map", f"'-' writes the rank map to stdout, where --format "
+                         f"{args.format} writes; give --rank-map FILE")
     domains = domains_from_args(target, args)
     lnc = lnc_from_args(target, args)
     framework = framework_from_args(args)
@@ -74,17 +77,19 @@ def run(args: argparse.Namespace) -> int:
         else:
             note = f"no domain count given: one {target.name} domain is enough"
         problem = replace(problem, domains=found)
+    check_rank_map_size(args, max(target.ranks(v, problem.domains) for v in problem.lnc_values))
     result = solve(problem, args.time_limit, args.workers, args.seed, args.top, uncertainty=args.uncertainty)
     result.domains_note = note
     info = problem_dict(args.target, args.model, workload, problem.domains)
     if args.format == "json" or args.json == "-":
-        write_output("-", solve_dict(result, info, args.rank_map))
+        write_output("-", solve_dict(result, info))
     elif args.format in export.FORMATS:
         export.write(args.format, result)
-    else:
+    elif text_to_stdout(args):
         print(solve_text(result))
     if args.json and args.json != "-":
-        write_output(args.json, solve_dict(result, info, args.rank_map), args.force)
+        write_output(args.json, solve_dict(result, info), args.force)
+    write_rank_map(args, result.best.layout, target)
     for why in (framework.supports(result.best.layout), framework.producible(result.best.layout, target)):
         if why:
             print(f"trnopt: warning: {why}", file=sys.stderr)

@@ -179,14 +179,6 @@ def _ranges(values: list[int]) -> str:
     return ",".join(parts)
 
 
-def rank_map_rows(layout: Layout, target: Target) -> Iterator[dict]:
-    """JSON rows, one rank at a time: rank, domain, instance, chip, core and the coordinate per dimension."""
-    for rank in range(layout.ranks):
-        p = place_of(layout, target, rank)
-        yield {"rank": p.rank, "domain": p.domain, "instance": p.instance, "chip": p.chip, "core": p.core,
-               **{d: p.coords[d] for d in DIMS}}
-
-
 def rank_map_summary(layout: Layout, target: Target, limit: int = 8) -> dict:
     """The rank map in a few lines of JSON: the rule, the TP reach and the first instances' ranks."""
     per_domain = target.instances_per_domain
@@ -202,7 +194,7 @@ def rank_map_summary(layout: Layout, target: Target, limit: int = 8) -> dict:
             "instances": layout.domains * per_domain, "first_instances": first,
             "tp_groups": {"count": tp.groups, "size": tp.size, "chips_per_group": tp.chips_per_group,
                           "instances_per_group": tp.instances_per_group, "domains_per_group": tp.domains_per_group},
-            "full_map": "pass --rank-map for one row per rank"}
+            "full_map": "--rank-map FILE writes one row per rank (CSV, as check-map reads it)"}
 
 
 @dataclass(frozen=True)
@@ -215,12 +207,13 @@ class PlannedMap:
     core: list[int]
 
 
-def planned_map(layout: Layout, target: Target) -> PlannedMap:
-    """``rank_map`` as integer columns, computed with NumPy (the rank map file of a job is this long)."""
+def place_columns(layout: Layout, target: Target, start: int = 0, stop: int | None = None):
+    """(domain, instance, chip, core) of ranks start..stop-1 as NumPy integer arrays (``rank_map`` without objects)."""
     import numpy as np
 
-    rest = np.arange(layout.ranks, dtype=np.int64)
-    coords = [np.zeros(layout.ranks, dtype=np.int64) for _ in layout.axes]
+    stop = layout.ranks if stop is None else stop
+    rest = np.arange(start, stop, dtype=np.int64)
+    coords = [np.zeros(stop - start, dtype=np.int64) for _ in layout.axes]
     strides = [1] * len(layout.axes)
     for i, d in enumerate(DIMS):
         n = layout.placement_degree(d)
@@ -230,10 +223,32 @@ def planned_map(layout: Layout, target: Target) -> PlannedMap:
             coords[j] += (value % f) * strides[j]
             value = value // f
             strides[j] *= f
-    chip_in_domain, stride = np.zeros(layout.ranks, dtype=np.int64), 1
+    chip_in_domain, stride = np.zeros(stop - start, dtype=np.int64), 1
     for axis, c in zip(layout.axes[1:-1], coords[1:-1]):
         chip_in_domain += c * stride
         stride *= axis.size
     per = target.chips_per_instance
-    return PlannedMap(coords[-1].tolist(), (chip_in_domain // per).tolist(), (chip_in_domain % per).tolist(),
-                      coords[0].tolist())
+    return coords[-1], chip_in_domain // per, chip_in_domain % per, coords[0]
+
+
+def planned_map(layout: Layout, target: Target) -> PlannedMap:
+    """``rank_map`` as integer columns, computed with NumPy (the rank map file of a job is this long)."""
+    return PlannedMap(*(column.tolist() for column in place_columns(layout, target)))
+
+
+MAX_CSV_RANKS = 2**24  # rows of a written rank map: 16 M ranks, ~0.5 GB of CSV
+
+
+def rank_map_csv(layout: Layout, target: Target, chunk: int = 2**16) -> Iterator[str]:
+    """The planned rank map as CSV in the format check-map reads (rank,instance,chip,core[,ultraserver],lnc).
+
+    Instance ids are ``d<domain>i<instance>`` and UltraServer ids ``d<domain>`` (on targets
+    whose domain has several instances), so that check-map of this file against its layout passes.
+    """
+    multi = target.instances_per_domain > 1
+    yield "rank,instance,chip,core" + (",ultraserver" if multi else "") + ",lnc\n"
+    for start in range(0, layout.ranks, chunk):
+        stop = min(layout.ranks, start + chunk)
+        domain, instance, chip, core = (c.tolist() for c in place_columns(layout, target, start, stop))
+        yield "".join(f"{r},d{d}i{i},{c},{k}" + (f",d{d}" if multi else "") + f",{layout.lnc}\n"
+                      for r, d, i, c, k in zip(range(start, stop), domain, instance, chip, core))

@@ -37,7 +37,7 @@ def test_evaluate_json_keys(capsys):
 def test_solve_json_keys_and_layout_round_trip(capsys, tmp_path):
     path = tmp_path / "layout.json"
     code, out, err = run(capsys, "solve", "--model", "llama3-8b", "--target", "trn2", "--global-batch", "64",
-                         "--time-limit", "30", "--json", str(path), "--rank-map")
+                         "--time-limit", "30", "--json", str(path), "--rank-map", str(tmp_path / "ranks.csv"))
     assert code == 0, err
     assert "rank-to-chip map" in out and "NEURON_LOGICAL_NC_CONFIG" in out and "--logical-nc-config" in out
     data = json.loads(path.read_text())
@@ -46,7 +46,10 @@ def test_solve_json_keys_and_layout_round_trip(capsys, tmp_path):
     for key in ("tp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "lnc", "placement"):
         assert key in data["layout"]
     assert data["status"] == "OPTIMAL"
-    assert len(data["rank_map"]) == 16 * 8 // data["layout"]["lnc"]
+    assert data["rank_map"]["ranks"] == 16 * 8 // data["layout"]["lnc"]
+    rows = (tmp_path / "ranks.csv").read_text().splitlines()
+    assert len(rows) == 1 + 16 * 8 // data["layout"]["lnc"] and rows[0] == "rank,instance,chip,core,lnc"
+    assert main(["check-map", "--layout", str(path), "--rank-map", str(tmp_path / "ranks.csv")]) == 0
     # never overwrite what is there
     code, _, err = run(capsys, "solve", "--model", "llama3-8b", "--target", "trn2", "--global-batch", "64",
                        "--time-limit", "30", "--json", str(path))

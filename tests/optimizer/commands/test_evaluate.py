@@ -29,10 +29,13 @@ def test_a_layout_that_does_not_fit_exits_1(capsys):
     assert code == 1 and "DOES NOT FIT" in out and err.startswith("trnopt evaluate: the layout does not fit")
 
 
-def test_json_rank_map_is_a_summary_unless_asked(capsys):
+def test_json_rank_map_is_a_summary_and_the_full_map_a_csv(capsys, tmp_path):
     code, out, _ = run(capsys, "--tp", 4, "--dp", 16, "--zero", 3, "--global-batch", 64, "--json", "-")
     summary = json.loads(out)["rank_map"]
     assert code == 0 and summary["ranks"] == 64 and summary["tp_groups"]["size"] == 4
-    code, out, _ = run(capsys, "--tp", 4, "--dp", 16, "--zero", 3, "--global-batch", 64, "--json", "-", "--rank-map")
-    rows = json.loads(out)["rank_map"]
-    assert [r["rank"] for r in rows] == list(range(64)) and rows[5]["tp"] == 1
+    code, out, _ = run(capsys, "--tp", 4, "--dp", 16, "--zero", 3, "--global-batch", 64, "--rank-map", "-")
+    rows = out.splitlines()
+    assert code == 0 and rows[0] == "rank,instance,chip,core,lnc" and len(rows) == 65
+    assert rows[5] == "4,d0i0,1,0,2"  # TP4 over a chip's 4 cores: rank 4 starts chip 1
+    code, _, err = run(capsys, "--tp", 4, "--dp", 16, "--json", "-", "--rank-map", "-")
+    assert code == 2 and "--rank-map" in err

@@ -332,11 +332,13 @@ def unwritable(tmp: Path) -> dict[str, str]:
     ["solve", "--target", "trn2", "--model", "llama3-8b", "--instances", 1, "--global-batch", 64, "--json"],
     ["evaluate", "--target", "trn2", "--model", "llama3-8b", "--tp", 4, "--dp", 16, "--json"],
     ["compare", "--targets", "trn2", "--model", "llama3-8b", "--global-batch", 64, "--json"],
+    ["solve", "--target", "trn2", "--model", "llama3-8b", "--instances", 1, "--global-batch", 64, "--rank-map"],
+    ["evaluate", "--target", "trn2", "--model", "llama3-8b", "--tp", 4, "--dp", 16, "--rank-map"],
 ])
 def test_output_paths_refused_before_the_work(tmp_path, command):
     for what, path in unwritable(tmp_path).items():
         run = cli(*command, path)
-        assert_refused(run, "--json")
+        assert_refused(run, command[-1])
         assert run.out == "", what
     assert not (tmp_path / "nowhere.json").exists()
 
@@ -354,6 +356,7 @@ def test_json_written_and_compact_on_a_huge_machine(tmp_path):
               "--ultraservers", 8192, "--global-batch", 16384, "--json", out)
     assert run.code in (0, 1), run
     assert out.stat().st_size < 2**20
+    assert cli("map", "--layout", out).code == 0  # what trnopt writes, it reads back
     assert json.loads(out.read_text())["rank_map"]["ranks"] == 8192 * 64 * 4
 
 
@@ -431,13 +434,13 @@ def test_layout_texts(tmp_path, text):
 
 # -- rank maps ------------------------------------------------------------------------------
 def rank_map_csv(tmp: Path) -> tuple[str, list[list[str]]]:
-    data = json.loads(Path(valid_layout(tmp)).read_text())
-    cli("evaluate", "--target", "trn2", "--model", "llama3-8b", "--tp", 4, "--dp", 16, "--global-batch", 64,
-        "--zero", 3, "--recompute", "full", "--rank-map", "--json", tmp / "full.json")
-    rows = json.loads((tmp / "full.json").read_text())["rank_map"]
-    assert data["layout"]["tp"] == 4
-    return "rank,instance,chip,core", [[str(r["rank"]), f"i-{r['instance']}", str(r["chip"]), str(r["core"])]
-                                       for r in rows]
+    """The planned map of the valid layout, as `evaluate --rank-map FILE` writes it."""
+    valid_layout(tmp)
+    run = cli("evaluate", "--target", "trn2", "--model", "llama3-8b", "--tp", 4, "--dp", 16, "--global-batch", 64,
+              "--zero", 3, "--recompute", "full", "--rank-map", tmp / "planned.csv")
+    assert run.code == 0, run
+    header, *rows = (tmp / "planned.csv").read_text().splitlines()
+    return header, [row.split(",") for row in rows]
 
 
 CELLS = ["-1", "x", "", "1.5", "1" * 5000, "a" * 200_000, "\x1b[2J", "99999999", "0"]

@@ -117,7 +117,8 @@ def valid_targets(draw) -> dict[str, Any]:
         "reliability": {"instance_mtbf_hours": draw(positive), "checkpoint_gbs_per_instance": draw(positive),
                         "restart_minutes": 10},
         "efficiency": {"matmul": draw(st.floats(0.01, 1.0)), "elementwise": draw(st.floats(0.01, 1.0)),
-                       "microbatch_overhead_us": draw(st.floats(0, 1e4)), "fitted_on": "fuzz"},
+                       "microbatch_overhead_us": draw(st.floats(0, 1e4)), "fitted_on": "fuzz",
+                       "collective_fixed_share": draw(st.floats(0.01, 1.0))},
         "engines": {"tensor_ghz": draw(st.floats(0.1, 10)), "pe_rows": 128, "stationary_fmax": 128, "moving_fmax": 512,
                     "matmul_min_cycles": 64, "vector_ghz": 1.0, "vector_lanes": 128, "scalar_ghz": 1.0, "scalar_lanes": 128},
     }
