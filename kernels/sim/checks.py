@@ -51,7 +51,10 @@ def partition_dim(n: int, where: str, what: str) -> None:
 
 def free_size(v: NkiTensor) -> int:
     """Elements per partition of the view."""
+    shape = v.shape
     p = v.partitions
+    if shape and p == shape[0]:
+        return int(math.prod(shape[1:])) if len(shape) > 1 else 1
     return v.size // p if p else 0
 
 

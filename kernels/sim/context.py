@@ -220,7 +220,7 @@ class CoreContext:
         for views in (reads, writes):
             for v in views:
                 a = v.alloc
-                if a.buffer.on_chip:
+                if a.on_chip:
                     sp = span.get(a.id)
                     if sp is None:
                         span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]

@@ -56,7 +56,7 @@ class Allocation:
     """
 
     __slots__ = ("id", "shape", "dtype", "buffer", "name", "data", "written", "kind",
-                 "collective_touched", "strides", "size", "__weakref__")
+                 "collective_touched", "strides", "size", "on_chip", "__weakref__")
 
     def __init__(self, aid: int, shape: tuple[int, ...], dtype: np.dtype, buffer: MemoryRegion,
                  name: str, numerics: bool, kind: str = "internal") -> None:
@@ -64,6 +64,7 @@ class Allocation:
         self.shape = shape
         self.dtype = np.dtype(dtype)
         self.buffer = buffer
+        self.on_chip = buffer.on_chip
         self.name = name
         self.kind = kind  # "internal", "input" or "output"
         self.collective_touched: str | None = None
@@ -154,7 +155,7 @@ class NkiTensor:
         dim (an on-chip view whose partition index was fixed by an integer spans one)."""
         if not self._shape:
             return 1
-        if self.alloc.buffer.on_chip and self._dims[0][0] != 0 and any(d == 0 for d, _ in self._fixed):
+        if self._dims[0][0] != 0 and self._fixed and self.alloc.on_chip and any(d == 0 for d, _ in self._fixed):
             return 1
         return self._shape[0]
 
@@ -219,12 +220,15 @@ class NkiTensor:
             tk = type(k)
             if tk is slice:
                 kstart, kstop, kstep = k.start, k.stop, k.step
-                if isinstance(kstart, VirtualRegister) or isinstance(kstop, VirtualRegister):
+                if type(kstart) is VirtualRegister or type(kstop) is VirtualRegister:
                     dyn = True
-                    if isinstance(kstart, VirtualRegister) and kstart.lanes is not None:
+                    if type(kstart) is VirtualRegister and kstart.lanes is not None:
                         lane_terms.append(tuple((v - kstart._value) * stride for v in kstart.lanes))
-                start = 0 if kstart is None else runtime_int(kstart, "slice start")
-                stop = count if kstop is None else runtime_int(kstop, "slice stop")
+                    start = 0 if kstart is None else runtime_int(kstart, "slice start")
+                    stop = count if kstop is None else runtime_int(kstop, "slice stop")
+                else:
+                    start = 0 if kstart is None else int(kstart)
+                    stop = count if kstop is None else int(kstop)
                 kstep = 1 if kstep is None else int(kstep)
                 if kstep <= 0 or start < 0 or stop > count or start >= stop:
                     raise ConstraintError(
