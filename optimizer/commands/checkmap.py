@@ -51,6 +51,8 @@ import argparse
 import csv
 import io
 import re
+from array import array
+from collections.abc import Iterator
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +101,8 @@ MAX_INDEX = 2**20         # a chip or core index, or a rank beyond MAX_ROWS, is 
 
 def _int(path: str, where: str, key: str, value, minimum: int = 0, maximum: int = MAX_INDEX) -> int:
     """An integer from JSON (int) or CSV (digits), in [minimum, maximum]."""
+    if type(value) is str and 0 < len(value) <= 12 and value.isascii() and value.isdigit():
+        value = int(value)  # the common case, without a regular expression
     name = f"{where}.{key}" if where else key
     if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,12}\s*", value):
         value = int(value)
@@ -114,6 +118,8 @@ def _int(path: str, where: str, key: str, value, minimum: int = 0, maximum: int 
 
 def _text(path: str, name: str, value) -> str | None:
     """An id (instance, UltraServer): a printable string or number of at most MAX_FIELD characters."""
+    if type(value) is str and 0 < len(value) <= MAX_FIELD and value.isprintable() and value == value.strip():
+        return value  # the common case
     if value is None or value == "":
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -126,8 +132,8 @@ def _text(path: str, name: str, value) -> str | None:
     return text or None
 
 
-def _rows_from_text(path: str, text: str) -> tuple[list[tuple[str, dict]], object]:
-    """(where, row) pairs and the top-level lnc (or None)."""
+def _rows(path: str, text: str) -> tuple[Iterator[tuple[str, dict]], object]:
+    """(where, row) pairs, produced one at a time, and the top-level lnc (or None)."""
     stripped = text.lstrip()
     if path.lower().endswith(".json") or stripped.startswith(("[", "{")):
         data = parse_json(path, text)
@@ -145,48 +151,60 @@ def _rows_from_text(path: str, text: str) -> tuple[list[tuple[str, dict]], objec
             raise InputError(path, "ranks", "must be a list of objects")
         if len(data) > MAX_ROWS:
             raise InputError(path, "ranks", f"{len(data):,} rows; at most {MAX_ROWS:,}")
-        rows = []
-        for i, row in enumerate(data):
-            if not isinstance(row, dict):
-                raise InputError(path, f"[{i}]", "must be an object with rank, instance, chip, core")
-            rows.append((f"[{i}]", row))
-        return rows, top_lnc
+
+        def objects():
+            for i, row in enumerate(data):
+                if not isinstance(row, dict):
+                    raise InputError(path, f"[{i}]", "must be an object with rank, instance, chip, core")
+                yield f"[{i}]", row
+        return objects(), top_lnc
     reader = csv.reader(io.StringIO(text))
     try:
         header = [h.strip() for h in next(reader, [])]
-        if not header or header == [""]:
-            raise InputError(path, "header", f"empty file; expected a CSV header {','.join(COLUMNS)}")
-        rows = []
-        for n, fields in enumerate(reader):
-            if len(rows) >= MAX_ROWS:
-                raise InputError(path, f"line {n + 2}", f"more than {MAX_ROWS:,} rows")
-            if not fields:
-                continue
-            if len(fields) > len(header):
-                raise InputError(path, f"line {n + 2}", f"{len(fields)} fields under a header of {len(header)}")
-            rows.append((f"line {n + 2}", dict(zip(header, fields))))
     except csv.Error as exc:
-        raise InputError(path, f"line {reader.line_num}", f"not valid CSV ({exc})") from None
-    return rows, None
+        raise InputError(path, "line 1", f"not valid CSV ({exc})") from None
+    if not header or header == [""]:
+        raise InputError(path, "header", f"empty file; expected a CSV header {','.join(COLUMNS)}")
+
+    def lines():
+        count = 0
+        try:
+            for fields in reader:
+                if not fields:
+                    continue
+                where = f"line {reader.line_num}"
+                count += 1
+                if count > MAX_ROWS:
+                    raise InputError(path, where, f"more than {MAX_ROWS:,} rows")
+                if len(fields) > len(header):
+                    raise InputError(path, where, f"{len(fields)} fields under a header of {len(header)}")
+                yield where, dict(zip(header, fields))
+        except csv.Error as exc:
+            raise InputError(path, f"line {reader.line_num}", f"not valid CSV ({exc})") from None
+    return lines(), None
 
 
 def read_rank_map(path: str) -> RankMapFile:
-    """The job's rank map, every row checked (see the module docstring); bounded in size and rows."""
+    """The job's rank map, every row checked (see the module docstring); bounded in size and rows.
+
+    Rows are read one at a time; what is kept per rank is one small Device and a few integers.
+    """
     text = read_text(path, "--rank-map", max_bytes=MAX_BYTES)
-    rows, top_lnc = _rows_from_text(path, text)
-    del text
-    if not rows:
-        raise InputError(path, "ranks", "no rows")
+    rows, top_lnc = _rows(path, text)
     lnc: set[int] = set()
     if top_lnc is not None:
         lnc.add(_int(path, "", "lnc", top_lnc, 1, 64))
-    devices, seen_rank, seen_core, ids = [], {}, {}, {}
+    devices: list[Device] = []
+    first_at = array("q", [-1]) * MAX_ROWS      # row index at which each rank appeared
+    cores: dict[str, set[int]] = {}             # instance -> chip * MAX_INDEX + core taken
+    ids: dict[str, str] = {}
+    known = set(COLUMNS + OPTIONAL)
     for where, row in rows:
-        unknown = [k for k in row if k not in COLUMNS + OPTIONAL]
-        if unknown:
-            raise InputError(path, f"{where}.{_text(path, where, unknown[0]) or '?'}",
+        if not known.issuperset(row):
+            name = next(k for k in row if k not in known)
+            raise InputError(path, f"{where}.{_text(path, where, str(name)[:40]) or '?'}",
                              f"unknown key; the keys are {', '.join(COLUMNS + OPTIONAL)}"
-                             f"{closest(str(unknown[0]), COLUMNS + OPTIONAL)}")
+                             f"{closest(str(name), COLUMNS + OPTIONAL)}")
         for key in COLUMNS:
             if row.get(key) in (None, ""):
                 raise InputError(path, f"{where}.{key}", "missing required key")
@@ -196,22 +214,27 @@ def read_rank_map(path: str) -> RankMapFile:
             raise InputError(path, f"{where}.instance", "must be a non-empty id")
         us = _text(path, f"{where}.ultraserver", row.get("ultraserver"))
         instance, us = ids.setdefault(instance, instance), ids.setdefault(us, us) if us else None
-        dev = Device(rank, instance, _int(path, where, "chip", row["chip"]), _int(path, where, "core", row["core"]), us)
+        chip, core = _int(path, where, "chip", row["chip"]), _int(path, where, "core", row["core"])
         if row.get("lnc") not in (None, ""):
             lnc.add(_int(path, where, "lnc", row["lnc"], 1, 64))
-        if rank in seen_rank:
-            raise InputError(path, f"{where}.rank", f"rank {rank} appears twice (also {seen_rank[rank]})")
-        place = (dev.instance, dev.chip, dev.core)
-        if place in seen_core:
-            raise InputError(path, f"{where}.core", f"instance {dev.instance} chip {dev.chip} core {dev.core} already "
-                             f"holds rank {seen_core[place]}")
-        seen_rank[rank], seen_core[place] = where, rank
-        devices.append(dev)
-    del rows, seen_core
+        if first_at[rank] >= 0:
+            raise InputError(path, f"{where}.rank", f"rank {rank} appears twice (also row {first_at[rank] + 1})")
+        taken = cores.setdefault(instance, set())
+        if chip * MAX_INDEX + core in taken:
+            other = next(d.rank for d in devices if (d.instance, d.chip, d.core) == (instance, chip, core))
+            raise InputError(path, f"{where}.core", f"instance {instance} chip {chip} core {core} already "
+                             f"holds rank {other}")
+        first_at[rank] = len(devices)
+        taken.add(chip * MAX_INDEX + core)
+        devices.append(Device(rank, instance, chip, core, us))
+    del text, cores
+    if not devices:
+        raise InputError(path, "ranks", "no rows")
     devices.sort(key=lambda d: d.rank)
     if devices[-1].rank != len(devices) - 1:
-        missing = sorted(set(range(len(devices))) - set(seen_rank))
-        raise InputError(path, "rank", f"ranks must be 0..{len(devices) - 1}, each once; missing {_ranges(missing)}")
+        missing = [r for r in range(len(devices)) if first_at[r] < 0]
+        raise InputError(path, "rank", f"ranks must be 0..{len(devices) - 1}, each once; missing "
+                         f"{_ranges(missing[:1000])}{' ...' if len(missing) > 1000 else ''}")
     by_instance: dict[str, set[str | None]] = {}
     for d in devices:
         by_instance.setdefault(d.instance, set()).add(d.ultraserver)
@@ -310,8 +333,11 @@ def _ultraserver_findings(layout: Layout, target: Target, devs: list[Device],
         elif len(insts) > target.instances_per_domain:
             found.append(Finding("partial-ultraserver", f"UltraServer {u} has {len(insts)} instances in the map; "
                                  f"a {target.name} domain has {target.instances_per_domain}"))
-    for domain in range(layout.domains):
-        insts = sorted(i for i, s in slot_of.items() if s[0] == domain)
+    by_domain: dict[int, list[str]] = {}
+    for inst, slot in slot_of.items():
+        by_domain.setdefault(slot[0], []).append(inst)
+    for domain in sorted(by_domain):
+        insts = sorted(by_domain[domain])
         counts = Counter(us_of[i] for i in insts if us_of[i] is not None)
         if not counts:
             continue
@@ -321,7 +347,10 @@ def _ultraserver_findings(layout: Layout, target: Target, devs: list[Device],
                 found.append(Finding("outside-instance", f"domain {domain} has instance {inst} from UltraServer "
                                      f"{us_of[inst]} while its other instances are in UltraServer {home}: "
                                      f"its traffic on {crossing_name(target)} goes over EFA"))
-    return found
+    out = []
+    for kind in ("outside-instance", "partial-ultraserver"):
+        out += _capped(kind, [f.message for f in found if f.kind == kind], "instances or UltraServers")
+    return out
 
 
 def report_lines(layout: Layout, target: Target, job: RankMapFile, findings: list[Finding]) -> list[str]:

@@ -198,3 +198,22 @@ def test_unknown_column_and_missing_ranks(planned, capsys):
     assert main(["check-map", "--layout", lpath, "--rank-map", str(gap)]) == 2
     assert "missing" in capsys.readouterr().err
     assert main(["check-map", "--layout", lpath, "--rank-map", str(tmp_path / "none.csv")]) == 2
+
+
+def test_rows_bytes_and_fields_are_bounded(tmp_path, monkeypatch):
+    from trnopt.optimizer.commands import checkmap
+    from trnopt.optimizer.errors import InputError
+
+    monkeypatch.setattr(checkmap, "MAX_ROWS", 100)
+    path = tmp_path / "m.csv"
+    path.write_text("rank,instance,chip,core\n" + "".join(f"{r},i-{r // 4},0,{r % 4}\n" for r in range(101)))
+    with pytest.raises(InputError, match="more than 100 rows"):
+        read_rank_map(str(path))
+    path.write_text("rank,instance,chip,core\n0," + "a" * 200_000 + ",0,0\n")
+    with pytest.raises(InputError, match="not valid CSV"):
+        read_rank_map(str(path))
+    path.write_text("rank,instance,chip,core\n" + "1" * 5000 + ",a,0,0\n")
+    with pytest.raises(InputError, match="line 2.rank: must be an integer"):
+        read_rank_map(str(path))
+    path.write_text("\ufeffrank,instance,chip,core\n0,a,0,0\n")
+    assert read_rank_map(str(path)).devices[0].instance == "a"
