@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.cost.evaluate import evaluate
+from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.cost.nccom import (Fit, MeasurementError, Run, fit_run, linear_from, measured_link, model_time,
                                          read_runs, run_domains)
 from trnopt.optimizer.errors import InputError
@@ -155,7 +155,7 @@ def calibrate_compute(target: Target, layout_path: str, seconds: float) -> tuple
                                                   elementwise=min(1.0, eff.elementwise * k)))
 
     def step(k: float) -> float:
-        return evaluate(workload, layout, at(k)).step.total
+        return Problem(workload, at(k), layout.domains, overlap={}).evaluate(layout).step.total
 
     k_max = 1 / min(eff.matmul, eff.elementwise)
     fastest, slowest = step(k_max), step(1e-3)

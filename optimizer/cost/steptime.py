@@ -11,8 +11,8 @@ layers of the busiest stage (ceil(L / pp)) and, per collective and span, k its s
 per byte and lambda its fixed seconds (collectives.coefficients):
 
 - compute = m * (L_s dense or MoE layers * layer time[recompute, tp, cp, b(, ep)] + the LM
-  head[tp, cp, b] + a fixed cost per micro-batch): each operation of a layer on the
-  chip's engines (compute.py). Full recompute repeats the forward; selective the attention
+  head[tp, cp, b]) + m * a fixed cost per micro-batch, each operation of a layer on the
+  chip's engines (compute.py), written as pp L_s * B tp cp t[..] / (R b). Full recompute repeats the forward; selective the attention
   core (Korthikanti et al. 2022, section 5). MFU counts model FLOPs = 6 * active params *
   tokens + 3 * attention forward FLOPs (Narayanan et al., "Efficient Large-Scale Language
   Model Training on GPU Clusters", 2021, eq. 3, written per parameter).
@@ -56,8 +56,9 @@ from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
-BACKWARD_SHARE = {"none": 2 / 3, "selective": 2 / 3, "full": 3 / 4}  # of a micro-batch's compute
-BACKWARD_TWELFTHS = {rc: round(12 * share) for rc, share in BACKWARD_SHARE.items()}  # exact: 8, 8, 9
+BACKWARD_SHARE = {"none": 2 / 3, "selective": 2 / 3, "mlp": 3 / 4, "full": 3 / 4}  # of a micro-batch's compute (a
+# recomputed part runs in the backward window)
+BACKWARD_TWELFTHS = {rc: round(12 * share) for rc, share in BACKWARD_SHARE.items()}  # exact: 8, 8, 9, 9
 
 
 def model_flops(workload: Workload) -> float:
@@ -165,20 +166,25 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
 
     # compute: m micro-batches of the busiest stage's layers (dense and MoE) and the LM head
     # (counted on every stage: the last stage's, on the 1F1B critical path), plus a fixed cost
-    # per micro-batch; per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py)
+    # per micro-batch. Per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py),
+    # with m = B tp cp pp / (R b) substituted so that no factor multiplies m by a function of b
+    def per_step(seconds: float, tp: int, cp: int, b: int) -> float:
+        return seconds * B * tp * cp / (R * b)
+
     def dense_layer(rc, tp, cp, b):
-        return layer_time(workload, target, lnc, tp, cp, b, 1, moe=False).training(rc)
+        return per_step(layer_time(workload, target, lnc, tp, cp, b, 1, moe=False).training(rc), tp, cp, b)
 
     def moe_layer(rc, tp, cp, b, ep):
-        return layer_time(workload, target, lnc, tp, cp, b, ep, moe=True).training(rc)
+        return per_step(layer_time(workload, target, lnc, tp, cp, b, ep, moe=True).training(rc), tp, cp, b)
 
-    parts = [f.prod(m, f.count("pp", lambda pp: layers(pp) - moe_layers(pp), "dense_layers"),
+    parts = [f.prod(f.count("pp", lambda pp: pp * (layers(pp) - moe_layers(pp)), "dense_layers_pp"),
                     f.table(("recompute", "tp", "cp", "micro_batch"), dense_layer, "dense_layer_time"))]
     if mdl.moe_layers:
-        parts.append(f.prod(m, f.count("pp", moe_layers, "moe_layers"),
+        parts.append(f.prod(f.count("pp", lambda pp: pp * moe_layers(pp), "moe_layers_pp"),
                             f.table(("recompute", "tp", "cp", "micro_batch", "ep"), moe_layer, "moe_layer_time")))
-    parts.append(f.prod(m, f.table(("tp", "cp", "micro_batch"), lambda tp, cp, b: head_seconds(
-        workload, target, lnc, tp, cp, b) + target.efficiency.microbatch_overhead_s, "head_and_overhead")))
+    parts.append(f.prod(f.decision("pp"), f.table(("tp", "cp", "micro_batch"), lambda tp, cp, b: per_step(
+        head_seconds(workload, target, lnc, tp, cp, b), tp, cp, b), "head")))
+    parts.append(f.prod(m, coef=target.efficiency.microbatch_overhead_s))
     compute = f.add(*parts, name="compute")
 
     # TP: n L_s pp * B s h a tp k / R + n L_s m lambda, times (1 - hidden) after overlap

@@ -45,7 +45,8 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from trnopt.optimizer.cost.evaluate import Evaluation, evaluate
+from trnopt.optimizer.cost.evaluate import Evaluation
+from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.frameworks import torchtitan
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.placement import rank_map
@@ -92,7 +93,7 @@ def zero_warning(workload: Workload, target: Target, e: Evaluation, headroom: fl
     lay = e.layout
     if lay.zero <= 1:
         return ""
-    z1 = evaluate(workload, replace(lay, zero=1), target, headroom)
+    z1 = Problem(workload, target, lay.domains, headroom).evaluate(replace(lay, zero=1))
     fit = "fits" if z1.fits else "does NOT fit"
     return (f"trnopt chose ZeRO-{lay.zero} but NxD Training offers only zero1 (optimizer state sharded over DP); "
             f"under ZeRO-1 this layout needs {z1.memory.total / GIB:.1f} GiB/chip of {z1.usable_bytes / GIB:.1f} "

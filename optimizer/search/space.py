@@ -20,12 +20,22 @@ from trnopt.optimizer.model.target import Axis
 
 CP_MIN_SEQ = 8192           # context parallelism is searched from this sequence length on
 CP_MAX = 16                 # ring attention's K/V traffic grows with the degree; 16 covers 128k tokens at 8k a rank
-MAX_MICRO_BATCH = 64        # sequences per micro-batch: any divisor of the global batch up to this
+MAX_MICRO_BATCH = 16        # sequences per micro-batch: any divisor of the global batch up to this (larger sizes
+                            # multiply the solve time and 16 x 8k tokens already fill every engine)
 INTERLEAVES = (1, 2, 3, 4, 6, 8)  # virtual stages per pipeline rank (as many as the layers allow)
 
 
 def divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+    """The divisors of n in increasing order, in O(sqrt n)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return tuple(small + large[::-1])
 
 
 def prime_exponents(n: int) -> dict[int, int]:

@@ -46,7 +46,8 @@ def small_problems(draw):
         "axes": axes,
         "scale_out": {"name": "net", "bandwidth_gbps_per_instance": 800, "latency_us": 10},
         "reliability": {"instance_mtbf_hours": 1000, "checkpoint_gbs_per_instance": 5, "restart_minutes": 5},
-        "efficiency": {"matmul": draw(st.sampled_from([0.3, 0.7])), "elementwise": 0.5, "microbatch_overhead_us": draw(st.sampled_from([0, 100])), "fitted_on": "test"},
+        "efficiency": {"matmul": draw(st.sampled_from([0.3, 0.7])), "elementwise": 0.5, "microbatch_overhead_us": draw(st.sampled_from([0, 100])),
+                       "collective_fixed_share": draw(st.sampled_from([0.1, 1.0])), "fitted_on": "test"},
         "engines": {"tensor_ghz": 1.0, "pe_rows": 128, "stationary_fmax": 128, "moving_fmax": 512, "matmul_min_cycles": 64,
                     "vector_ghz": 1.0, "vector_lanes": 128, "scalar_ghz": 1.0, "scalar_lanes": 128},
     }, "hypothesis")
@@ -121,7 +122,8 @@ def test_infeasible_gets_an_explanation():
 
 def test_time_limit_gives_best_found_with_gap():
     p = Problem(Workload(load_model("llama3-405b"), Training()), load_target("trn2u"), domains=16, lnc=(2,))
-    result = solve(p, time_limit=5.0, top=0)
+    # a deterministic budget CP-SAT cannot prove this in: the same on a loaded machine as on an idle one
+    result = solve(p, time_limit=60.0, top=0, deterministic_limit=0.5)
     assert result.best.fits
     assert result.status in ("OPTIMAL", "FEASIBLE")
     assert math.isfinite(result.gap) and result.gap >= 0
