@@ -139,7 +139,7 @@ def simulate_kernel(kernel: Any) -> Callable[..., Any]:
         kernel = Kernel(kernel)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        res = run_ranks(kernel, [args], kwargs=kwargs)
+        res = run_ranks(kernel, [args], kwargs=kwargs, keep_inputs=True)
         pos, kw = res.inputs[0]
         for given, final in list(zip(args, pos)) + [(kwargs[k], v) for k, v in kw.items()]:
             if isinstance(given, np.ndarray) and isinstance(final, np.ndarray) and given.flags.writeable \
@@ -194,10 +194,11 @@ def _uniform_args(args_per_rank: Sequence[Sequence[Any]]) -> str | None:
 def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: LinkModel | Mapping[int, LinkModel] | None = None,
               numerics: bool = True, lnc: int | None = None, sbuf_bytes_per_partition: int | None = None,
               timeout_s: float = 10.0, kwargs: Mapping[str, Any] | None = None,
-              symmetric: bool | None = None) -> SimResult:
+              symmetric: bool | None = None, keep_inputs: bool = False) -> SimResult:
     """Run ``len(args_per_rank)`` ranks of ``kernel``; rank i gets ``args_per_rank[i]``.
 
-    ``lnc``: programs per rank (default: the kernel's launch grid, ``kernel[2]`` -> 2;
+    ``keep_inputs``: also return the array arguments as the kernel left them
+    (``SimResult.inputs``; numerics only). ``lnc``: programs per rank (default: the kernel's launch grid, ``kernel[2]`` -> 2;
     ``lnc=2`` launches a one-dimensional grid of 2). Array arguments, positional or keyword
     (``kwargs``), become HBM tensors of the kernel; other values pass through.
     ``link``: LinkModel of every channel, or channel id -> LinkModel (default
@@ -238,17 +239,17 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     if symmetric:
         try:
             return _run(kernel, args_per_rank, link, numerics, grid, sbuf_bytes_per_partition, timeout_s,
-                        kwargs, symmetric=True)
+                        kwargs, symmetric=True, keep_inputs=keep_inputs)
         except SymmetryError:
             if not auto:
                 raise
     return _run(kernel, args_per_rank, link, numerics, grid, sbuf_bytes_per_partition, timeout_s, kwargs,
-                symmetric=False)
+                symmetric=False, keep_inputs=keep_inputs)
 
 
 def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numerics: bool, grid: tuple[int, ...],
          sbuf_bytes_per_partition: int | None, timeout_s: float, kwargs: Mapping[str, Any] | None,
-         symmetric: bool) -> SimResult:
+         symmetric: bool, keep_inputs: bool = False) -> SimResult:
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     world = len(args_per_rank)
     lnc = math.prod(grid)
@@ -323,7 +324,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
     # converted after every program finished: the programs of a rank share the output
     outputs = [_to_numpy(results.get((r, 0)), contexts[(r, 0)]) for r in range(world)] if numerics else None
     finals = None
-    if numerics:
+    if numerics and keep_inputs:
         finals = [([_to_numpy(a, contexts[(r, 0)]) for a in input_allocs[r][0]],
                    {k: _to_numpy(v, contexts[(r, 0)]) for k, v in input_allocs[r][1].items()})
                   for r in range(world) if r in input_allocs]
