@@ -6,7 +6,7 @@ before the workload's divisibility rules), and the brute-force time: measured wh
 space has at most --measure-limit points, otherwise estimated as points / the evaluation
 rate measured on a sample of the same enumerator (this overstates a little, since the
 enumerator skips points the workload's rules remove before scoring them). Goals
-(issue 4): proven optimal within 2 s for one UltraServer, within 60 s at 4,096 chips, and
+(goals): proven optimal within 2 s for one UltraServer, within 60 s at 4,096 chips, and
 at least 100x faster than enumeration on the large spaces.
 
     python benchmarks/solver_scaling.py [--time-limit 120] [--measure-limit 1500000]

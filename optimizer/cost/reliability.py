@@ -1,6 +1,6 @@
 """Failures and checkpoints: job MTBF, checkpoint time, Young's interval, expected goodput.
 
-A scale-up domain is a failure unit (DESIGN section 3): when any instance fails, the
+A scale-up domain is a failure unit (an UltraServer is scheduled and replaced as one): when any instance fails, the
 job stops and restarts from the last checkpoint. With independent failures the job's
 MTBF is the instance MTBF over the number of instances.
 """

@@ -164,7 +164,7 @@ class Model:
 class Training:
     """One training run: sequence length, global batch in sequences, and bytes per parameter.
 
-    Defaults follow DESIGN section 4: BF16 weights and gradients with an FP32 master
+    Defaults: mixed precision (Micikevicius et al. 2018), BF16 weights and gradients with an FP32 master
     copy and Adam's two FP32 moments, 2 + 2 + 4 + 8 = 16 bytes per parameter.
     """
 
