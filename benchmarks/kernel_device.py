@@ -1,8 +1,10 @@
 """Overlap of the trnopt kernels on a Trainium device, with the Neuron SDK.
 
-Prints the table of benchmarks/kernel_overlap.py (T_mm, T_cc, T_f, hidden fraction,
-speedup) from device wall-clock times. Without a Neuron device or without the Neuron SDK
-(nki, torch-neuronx) it says so and exits 0.
+Times the same overlap-registry entries as benchmarks/kernel_overlap.py (trnopt.kernels.
+overlap.launches: the fused kernel, the collective alone and the baseline matmul, same
+shapes, rings and channels) and prints the same table from device wall-clock times, so
+the two compare row by row. Without a Neuron device or without the Neuron SDK (nki,
+torch-neuronx) it says so and exits 0.
 
     torchrun --nproc-per-node 16 benchmarks/kernel_device.py --tp 16     # on a trn2.48xlarge
     python benchmarks/kernel_device.py                                   # relaunches itself with torchrun
@@ -25,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 
 def _no_device_reason() -> str | None:
@@ -64,56 +68,52 @@ def _run_on_device(args: argparse.Namespace) -> int:  # pragma: no cover - needs
     import torch.distributed as dist
     import torch_xla.core.xla_model as xm
 
-    from trnopt.kernels.allgather_matmul import allgather_matmul, allgather_ring
-    from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter, reduce_scatter_ring
-    from trnopt.kernels.overlap import hidden_fraction, speedup
-    from trnopt.kernels.tiling import matmul
+    from trnopt.kernels.overlap import BF16, hidden_fraction, launches, speedup
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernel_overlap import CHANNELS, MODELS, full_shape, header, row_text  # the simulator's table
 
     dist.init_process_group("xla")
     rank, tp = dist.get_rank(), dist.get_world_size()
     dev = xm.xla_device()
-    groups = (tuple(range(tp)),)
-    h, seq = args.hidden, args.seq
-    bf = torch.bfloat16
 
     def sync() -> None:
         xm.mark_step()
         xm.wait_device_ops()
         dist.barrier()
 
-    def rnd(*shape):
-        return torch.randn(*shape, dtype=bf).to(dev)
+    def on_device(v):
+        return torch.from_numpy(np.asarray(v, dtype=np.float32)).to(torch.bfloat16).to(dev)
+
+    def timed(variant, me: int) -> float:
+        # a one-rank launch (the baseline matmul) runs on every rank, as the fused kernel does
+        call_args = [on_device(a) for a in variant.args_per_rank[me % len(variant.args_per_rank)]]
+        return _time(lambda: variant.kernel(*call_args, **dict(variant.kwargs)), args.iters, sync)
 
     rows = []
-    ms = seq // tp
-    x_shard, w_col, x_full = rnd(h, ms), rnd(h, h // tp), rnd(h, seq)
-    x_k, w_row, part = rnd(h // tp, seq), rnd(h // tp, h), rnd(seq, h)
-    for ch in (1, 2):
-        t_mm = _time(lambda: matmul(x_full, w_col), args.iters, sync)
-        t_cc = _time(lambda: allgather_ring(x_shard, groups=groups, channels=ch), args.iters, sync)
-        t_f = _time(lambda: allgather_matmul(x_shard, w_col, groups=groups, channels=ch), args.iters, sync)
-        rows.append(("allgather_matmul", ch, t_mm, t_cc, t_f))
-        t_mm = _time(lambda: matmul(x_k, w_row), args.iters, sync)
-        t_cc = _time(lambda: reduce_scatter_ring(part, groups=groups, channels=ch), args.iters, sync)
-        t_f = _time(lambda: matmul_reduce_scatter(x_k, w_row, groups=groups, channels=ch), args.iters, sync)
-        rows.append(("matmul_reduce_scatter", ch, t_mm, t_cc, t_f))
+    for kernel in args.kernels:
+        for model in args.models:
+            shape = full_shape(kernel, MODELS[model], tp)
+            lx = launches(kernel, shape, tp=tp, channels=CHANNELS, dtype=BF16, numerics=True)
+            t_mm, t_cc, t_f = timed(lx.mm, rank), timed(lx.cc, rank), timed(lx.fused, rank)
+            rows.append((kernel, model, shape, t_mm, t_cc, t_f))
     if rank == 0:
-        print(f"trnopt kernel overlap on device: TP{tp}, hidden {h}, sequence {seq}, bfloat16")
+        print(f"trnopt kernel overlap on device: TP{tp}, bfloat16, median of {args.iters} runs")
         print(f"environment: {_environment()}")
-        print(f"{'kernel':<24}{'ch':>3}{'T_mm us':>11}{'T_cc us':>10}{'T_f us':>11}{'hidden':>8}{'speedup':>9}")
-        for k, ch, a, b, c in rows:
-            print(f"{k:<24}{ch:>3}{a * 1e6:>11.1f}{b * 1e6:>10.1f}{c * 1e6:>11.1f}"
-                  f"{hidden_fraction(a, b, c):>8.3f}{speedup(a, b, c):>9.3f}")
-        print("T_cc here is the wall time of the collective-alone kernel (staging copies included); "
-              "alltoall_expert_matmul: not run on device by this script yet.")
+        print(header())
+        for kernel, model, shape, a, b, c in rows:
+            print(row_text(kernel, model, tp, CHANNELS, shape, (a, b, c, hidden_fraction(a, b, c), speedup(a, b, c)),
+                           "-", 0.0))
+        print("T_cc here is the wall time of the collective-alone kernel (staging copies included).")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tp", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=16384)
-    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--tp", type=int, default=16, help="ranks (one process each), the TP / EP group")
+    ap.add_argument("--kernels", nargs="+", default=["allgather_matmul", "matmul_reduce_scatter",
+                                                     "alltoall_expert_matmul"])
+    ap.add_argument("--models", nargs="+", default=["llama3-405b", "llama3-70b"])
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args(argv)
     reason = _no_device_reason()

@@ -1,64 +1,60 @@
-"""Regenerate targets/measured/overlap.json: hidden fraction per (kernel, TP degree, link class).
+"""Regenerate targets/measured/overlap.json: hidden fraction per (target, kernel, TP degree,
+link class, LNC, shape class).
 
     python benchmarks/overlap_table.py --out targets/measured/overlap.json --force
+    python benchmarks/overlap_table.py --targets trn2 --jobs 2      # one target, two processes
 
 For each row, a representative layout places the TP group as the solver does (cores of a
 chip first, then the fastest axes), or on the axis the row names (a TP group on the
-trn2u ring, the "classic silent slowdown"); `trnopt.kernels.plan` gives its ring order,
-channels and per-channel link model; both TP kernels then run on all ranks of that group
-in the simulator, three variants each (T_mm, T_cc, T_f, DESIGN section 7), on the
-timeline only (numerics=False: the full shapes are too large to simulate with data here;
-tests/kernels and `trnopt kernels` check the numerics at scaled shapes).
+trn2u ring); `trnopt.kernels.plan` gives its ring order, channels and per-channel link
+model, the target's chip its SBUF capacity; both TP kernels then run through the overlap
+harness (`trnopt.kernels.overlap.measure`: T_mm, T_cc, T_f) on the timeline only
+(numerics=False; tests/kernels and benchmarks/kernel_overlap.py check the numerics).
+The simulator runs symmetric (one representative rank) where that is exact and falls
+back to every rank otherwise (the reduce-scatter reads its input at rank-dependent
+offsets, which a symmetric run cannot check).
 
-Shape: Llama 3 405B (the default model), one micro-batch of 8192 tokens, hidden 16384,
-the narrowest TP projection (h x h/tp; see plan.full_shapes). `--m` scales M down when a
-full run is too slow; the file records the shape actually run.
+Shapes (shape class ``hidden<h>``): Llama 3 405B (hidden 16384) and 70B (8192), one
+micro-batch of 8192 tokens, the narrowest TP projection (h x h/tp; see plan.full_shapes).
+LNC: the layout's logical core; the simulator runs one program per rank (one physical
+core's engines), recorded as ``programs`` in each row. The file records its provenance
+(commit, command, date, simulator commit).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
+import math
 import os
 import platform
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
-from trnopt.kernels.overlap import measure_overlap
-from trnopt.kernels.sim import run_ranks
-from trnopt.kernels.plan import group_plan, local_ring, overlap_variants
+from trnopt.kernels.overlap import BF16, measure
+from trnopt.kernels.plan import group_plan, local_ring
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.model.target import load_target
 
 VERSION = 1
-BF16 = np.dtype(ml_dtypes.bfloat16)
-HIDDEN, SEQ = 16384, 8192
+SEQ = 8192
+MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
 KERNELS = ("allgather_matmul", "matmul_reduce_scatter")
-
-# (target, LNC, TP placement): the TP group's factor per axis; everything else is DP.
-CONFIGS = [
-    ("trn2u", 2, {"core": 2}),
-    ("trn2u", 2, {"core": 4}),
-    ("trn2u", 2, {"core": 4, "x": 2}),
-    ("trn2u", 2, {"core": 4, "x": 4}),
-    ("trn2u", 2, {"core": 4, "x": 4, "y": 2}),
-    ("trn2u", 2, {"core": 4, "x": 4, "y": 4}),
-    ("trn2u", 2, {"ring": 4}),
-    ("trn2u", 2, {"core": 4, "ring": 4}),
-    ("trn2u", 2, {"core": 4, "x": 4, "y": 4, "ring": 2}),
-    ("trn3-gen1", 2, {"core": 4, "switch": 2}),
-    ("trn3-gen1", 2, {"core": 4, "switch": 4}),
-    ("trn3-gen1", 2, {"core": 4, "switch": 8}),
-    ("trn3-gen1", 2, {"core": 4, "switch": 16}),
-    ("trn3-gen1", 2, {"core": 4, "switch": 32}),
-]
+TORUS = [{"core": 2}, {"core": 4}, {"core": 4, "x": 2}, {"core": 4, "x": 4}, {"core": 4, "x": 4, "y": 2},
+         {"core": 4, "x": 4, "y": 4}]
+# target -> (LNC, TP placements, models)
+CONFIGS = {
+    "trn2": (2, TORUS, ("llama3-405b", "llama3-70b")),
+    "trn2u": (2, [{"ring": 4}, {"core": 4, "ring": 4}], ("llama3-405b",)),
+    "trn3-gen1": (2, [{"core": 4, "switch": f} for f in (2, 4, 8, 16)], ("llama3-405b",)),
+    "trn3-gen2": (2, [{"core": 4, "switch": f} for f in (4, 16)], ("llama3-405b",)),
+}
 
 
 def representative_layout(target_name: str, lnc: int, tp_place: dict[str, int]) -> tuple[Layout, object]:
@@ -67,8 +63,8 @@ def representative_layout(target_name: str, lnc: int, tp_place: dict[str, int]) 
     tp_row = tuple(tp_place.get(a.name, 1) for a in axes)
     dp_row = tuple(a.size // f for a, f in zip(axes, tp_row))
     rows = tuple(tp_row if d == "tp" else dp_row if d == "dp" else (1,) * len(axes) for d in DIMS)
-    tp = int(np.prod(tp_row))
-    ranks = int(np.prod([a.size for a in axes]))
+    tp = math.prod(tp_row)
+    ranks = math.prod(a.size for a in axes)
     return Layout(tp=tp, pp=1, dp=ranks // tp, axes=axes, placement=rows, lnc=lnc), target
 
 
@@ -80,68 +76,88 @@ def git(*args: str) -> str:
         return "unknown"
 
 
+def shapes(hidden: int, tp: int) -> dict[str, dict[str, int]]:
+    return {"allgather_matmul": {"m": SEQ, "k": hidden, "n": hidden // tp},
+            "matmul_reduce_scatter": {"m": SEQ, "k": hidden // tp, "n": hidden}}
+
+
+def jobs(targets: list[str], max_tp: int) -> list[tuple]:
+    out = []
+    for name in targets:
+        lnc, places, models = CONFIGS[name]
+        for place in places:
+            if math.prod(place.values()) > max_tp:
+                continue
+            for model in models:
+                for kernel in KERNELS:
+                    out.append((name, lnc, place, model, kernel))
+    return out
+
+
+def run_job(job: tuple) -> dict:
+    name, lnc, place, model, kernel = job
+    layout, target = representative_layout(name, lnc, place)
+    g = group_plan(layout, target, "tp")
+    ring = local_ring(g.replica_groups[0])
+    shape = shapes(MODELS[model], layout.tp)[kernel]
+    t0 = time.perf_counter()
+    r = measure(kernel, shape, ring=ring, channels=g.channels, link=g.link, dtype=BF16,
+                sbuf_bytes=target.chip.sbuf_bytes_per_partition, timeout_s=3600)
+    return {"target": name, "kernel": kernel, "tp": layout.tp, "link_class": g.link_class, "lnc": lnc,
+            "shape_class": f"hidden{MODELS[model]}", "model": model, "programs": 1, "channels": g.channels,
+            "placement": g.span, "link_gbs": round(g.link_gbs, 3), "latency_us": g.latency_us, "one_hop": g.one_hop,
+            "shape": shape, "t_mm": r.t_mm, "t_cc": r.t_cc, "t_f": r.t_f, "hidden_fraction": r.hidden_fraction,
+            "speedup": r.speedup, "sim_seconds": round(time.perf_counter() - t0, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="-", help="JSON file to write ('-': stdout)")
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")
-    ap.add_argument("--m", type=int, default=SEQ, help=f"rows M of the activation block (default {SEQ}, full)")
+    ap.add_argument("--targets", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--max-tp", type=int, default=1 << 20, help="skip configurations with a larger TP degree")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out != "-" else None
     if out is not None and out.exists() and not args.force:
         print(f"overlap_table: {out} exists; pass --force to replace it", file=sys.stderr)
         return 2
-    symmetric = "symmetric" in inspect.signature(run_ranks).parameters
+    command = ("python benchmarks/overlap_table.py"
+               + (f" --targets {' '.join(args.targets)}" if args.targets != list(CONFIGS) else "")
+               + (f" --max-tp {args.max_tp}" if args.max_tp < 1 << 20 else "")
+               + " --out targets/measured/overlap.json --force")
     sim_commit = git("log", "-1", "--format=%H", "--", "kernels/sim")
-    dirty = bool(git("status", "--porcelain", "--", "kernels/sim", "kernels/allgather_matmul.py",
-                     "kernels/matmul_reduce_scatter.py", "kernels/tiling.py"))
+    dirty = git("status", "--porcelain", "--", "kernels")
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     doc = {
         "version": VERSION,
-        "command": "python benchmarks/overlap_table.py" + (f" --m {args.m}" if args.m != SEQ else "")
-                   + (f" --max-tp {args.max_tp}" if args.max_tp < 1 << 20 else "")
-                   + " --out targets/measured/overlap.json --force",
-        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "simulator": {"package": "trnopt.kernels.sim", "commit": sim_commit,
-                      "dirty": dirty,  # uncommitted changes in kernels/sim or the kernels when generated
-                      "mode": "numerics=False (engine timeline only, no data)"
-                              + ("; run_ranks' default symmetric=None (one representative rank when the "
-                                 "ranks' arguments agree)" if symmetric else "; every rank simulated")},
+        "command": command,
+        "generated": date,
+        "provenance": {"commit": git("rev-parse", "HEAD"), "command": command, "date": date,
+                       "simulator_commit": sim_commit,
+                       "uncommitted": sorted(line[3:] for line in dirty.splitlines()) if dirty else []},
+        "simulator": {"package": "trnopt.kernels.sim",
+                      "mode": "numerics=False (engine timeline only); symmetric runs where exact, else every rank"},
         "environment": f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cpus",
-        "shape": {"model": "llama3-405b", "m": args.m, "hidden": HIDDEN, "dtype": "bfloat16",
-                  "full": args.m == SEQ,
-                  "allgather_matmul": "X [M x hidden] gathered, W [hidden x hidden/tp]",
-                  "matmul_reduce_scatter": "X [M x hidden/tp] @ W [hidden/tp x hidden], reduce-scattered"},
-        "definitions": "hidden_fraction = 1 - (t_f - t_mm) / t_cc (kernels/overlap.py); times in seconds; "
-                       "link_gbs per channel (one ring direction), see kernels/plan.py",
-        "lookup": "optimizer/overlapdata.py: exact (kernel, tp, link_class), else the nearest measured TP "
-                  "degree on the same link class (in log2; ties take the smaller fraction), else 0",
+        "keys": "target, kernel, tp, link_class, lnc, shape_class (hidden<h>: Llama 3 405B 16384, 70B 8192; "
+                "sequence 8192, micro-batch 1, bfloat16, the narrowest TP projection h x h/tp)",
+        "definitions": "hidden_fraction = 1 - (t_f - t_mm) / t_cc, speedup = (t_mm + t_cc) / t_f "
+                       "(kernels/overlap.py); times in seconds; link_gbs per channel (one ring direction, "
+                       "kernels/plan.py); programs: programs simulated per rank",
+        "lookup": "optimizer/cost/overlap.py: the target's rows (at the LNC), exact (kernel, tp, link_class) "
+                  "taking the smallest over shape classes, else the nearest measured TP degree on the same link "
+                  "class, else 0; a target without rows gets 0",
         "rows": [],
     }
-    print(f"overlap table: M {args.m}, hidden {HIDDEN}, bfloat16, numerics=False; sim commit {sim_commit[:10]}"
-          f"{' (dirty)' if dirty else ''}", flush=True)
-    for target_name, lnc, place in CONFIGS:
-        layout, target = representative_layout(target_name, lnc, place)
-        if layout.tp > args.max_tp:
-            continue
-        g = group_plan(layout, target, "tp")
-        ring = local_ring(g.replica_groups[0])
-        shapes = {"allgather_matmul": (args.m, HIDDEN, HIDDEN // layout.tp),
-                  "matmul_reduce_scatter": (args.m, HIDDEN // layout.tp, HIDDEN)}
-        for kernel in KERNELS:
-            m, k, n = shapes[kernel]
-            t0 = time.perf_counter()
-            mm, cc_, fused, _ = overlap_variants(kernel, ring, m, k, n, BF16, g.channels, numerics=False)
-            r = measure_overlap(mm=mm, cc=cc_, fused=fused, link=g.link, numerics=False, timeout_s=3600)
-            el = time.perf_counter() - t0
-            row = {"kernel": kernel, "tp": layout.tp, "link_class": g.link_class, "channels": g.channels,
-                   "target": target_name, "lnc": lnc, "placement": g.span, "link_gbs": round(g.link_gbs, 3),
-                   "latency_us": g.latency_us, "one_hop": g.one_hop, "shape": {"m": m, "k": k, "n": n},
-                   "t_mm": r.t_mm, "t_cc": r.t_cc, "t_f": r.t_f, "hidden_fraction": r.hidden_fraction,
-                   "speedup": r.speedup, "sim_seconds": round(el, 1)}
+    todo = jobs(args.targets, args.max_tp)
+    print(f"overlap table: {len(todo)} rows, {args.jobs} process(es); sim commit {sim_commit[:10]}", flush=True)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for row in pool.map(run_job, todo):
             doc["rows"].append(row)
-            print(f"{kernel:<22} tp {layout.tp:>3} {g.link_class:<9} [{g.span}] ch {g.channels} "
-                  f"{g.link_gbs:7.1f} GB/s  T_mm {r.t_mm * 1e6:9.1f} us  T_cc {r.t_cc * 1e6:8.1f} us  "
-                  f"T_f {r.t_f * 1e6:9.1f} us  hidden {r.hidden_fraction:6.3f}  ({el:.0f} s)", flush=True)
+            print(f"{row['target']:<10}{row['kernel']:<22} tp {row['tp']:>3} {row['link_class']:<7}"
+                  f"{row['shape_class']:<12} [{row['placement']}] ch {row['channels']} {row['link_gbs']:7.1f} GB/s  "
+                  f"T_mm {row['t_mm'] * 1e6:9.1f}  T_cc {row['t_cc'] * 1e6:8.1f}  T_f {row['t_f'] * 1e6:9.1f} us  "
+                  f"hidden {row['hidden_fraction']:6.3f}  ({row['sim_seconds']:.0f} s)", flush=True)
             if out is not None:
                 out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if out is None:
