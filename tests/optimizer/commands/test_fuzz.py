@@ -89,6 +89,7 @@ def contract(run: Run) -> None:
         assert run.err.count("\n") == 1 and run.err.endswith("\n"), run
         assert run.err.startswith("trnopt: error: " if run.code == 2 else "trnopt: infeasible: "), run
         assert run.err[:-1].isprintable(), run
+        assert not run.err.startswith("trnopt: error: layout:"), run  # name the flag or file, not "layout"
     assert len(run.out) < MAX_STDOUT, (run.argv, len(run.out))
 
 
