@@ -16,6 +16,7 @@ Every failure is ``InputError(path, key, rule)`` (exit 2).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -85,10 +86,16 @@ def _check_depth(path: str, text: str) -> None:
 
 
 def _number(path: str):
+    """JSON's number parser, held to MAX_DIGITS characters and to finite floats (1e400 is not a number)."""
     def parse(text: str):
         if len(text.lstrip("-")) > MAX_DIGITS:
             raise InputError(path, "-", f"a number of {len(text)} characters; at most {MAX_DIGITS}")
-        return float(text) if any(c in text for c in ".eE") else int(text)
+        if not any(c in text for c in ".eE"):
+            return int(text)
+        value = float(text)
+        if not math.isfinite(value):
+            raise InputError(path, "-", f"{text} overflows a float; give a finite value")
+        return value
     return parse
 
 

@@ -53,4 +53,5 @@ def test_json_numbers_must_be_finite_and_short():
     for text in ("NaN", "Infinity", "-Infinity", '{"tp": Infinity}'):
         assert "not a number JSON allows" in refused(parse_json, "f.json", text)
     assert "at most 40" in refused(parse_json, "f.json", "1" * 5000)
+    assert "overflows a float" in refused(parse_json, "f.json", '{"tp": 1e400}')
     assert parse_json("f.json", '{"a": 4, "b": 4.5, "c": -2e3}') == {"a": 4, "b": 4.5, "c": -2000.0}
