@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.errors import InfeasibleError, InputError
+from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import GIB
 from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, SolverMismatch, check_agreement, solver_for
@@ -75,6 +75,7 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     model's hint) is the answer, with CP-SAT's proven bound.
     """
     start = time.perf_counter()
+    deadline = start + time_limit
     p = space.problem
     bound = None
     if p.objective == "goodput":
@@ -84,21 +85,22 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
         if first.evaluation is None:
             return first
         bound = p.score(first.evaluation) * 1.000001 + 1e-12
-        time_limit = max(1.0, time_limit - (time.perf_counter() - start))
     if cutoff is not None:
         # Prove first that nothing beats the cutoff, usually at once. Without interleaving:
         # CP-SAT 9.15 aborts ("heuristics.fixed_search != nullptr") when an interleaved search
         # meets a model that the cutoff makes infeasible.
         probe = LayoutModel(space, step_bound=bound)
         probe.model.add(probe.objective.expr <= math.floor(cutoff * (1 + 1e-6) / probe.objective_unit) + 1)
-        if STATUS[solver_for(time_limit, workers, seed, False, deterministic_limit).solve(probe.model)] == "INFEASIBLE":
+        probe_solver = solver_for(max(0.5, deadline - time.perf_counter()), workers, seed, False, deterministic_limit)
+        if STATUS[probe_solver.solve(probe.model)] == "INFEASIBLE":
             return LnCResult(space.lnc, "NO_BETTER", None, math.inf, math.inf, time.perf_counter() - start)
-        time_limit = max(1.0, time_limit - (time.perf_counter() - start))
     lm = LayoutModel(space, step_bound=bound)
     hint = greedy_layout(space)
     if hint is not None:
         lm.hint(hint)
-    solver = solver_for(time_limit, workers, seed, deterministic_limit=deterministic_limit)
+    # the model's construction and the hint came out of this LNC's budget
+    solver = solver_for(max(0.5, deadline - time.perf_counter()), workers, seed,
+                        deterministic_limit=deterministic_limit)
     if p.objective == "goodput":
         # CP-SAT 9.15's presolve wrongly proves the step x (1 / goodput) objective infeasible on
         # some models (found by the brute-force referee); this phase is bounded by the step-time
@@ -118,11 +120,15 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     result = LnCResult(space.lnc, status, e, objective, solver.best_objective_bound * scale,
                        time.perf_counter() - start, rounding=lm.objective.error(solver.value) * lm.objective_unit)
     for _ in range(runners_up):
+        if time.perf_counter() >= deadline:
+            result.runners_up_cut = True
+            break
         lm.forbid_degrees(result.runners_up[-1].layout if result.runners_up else e.layout)
         lm.model.clear_hints()
         # one worker on deterministic time: the same runner-ups on any machine, and clear of
         # the interleaved-search abort noted above
-        sub = solver_for(time_limit, 1, seed, deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
+        sub = solver_for(max(0.1, deadline - time.perf_counter()), 1, seed,
+                         deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
         sub_status = STATUS[sub.solve(lm.model)]
         if sub_status == "INFEASIBLE":
             break
@@ -146,7 +152,11 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     default = problem.target.chip.lnc_default
     spaces = [Space(problem, lnc) for lnc in sorted(problem.lnc_values, key=lambda v: v != default)]
     for i, space in enumerate(spaces):
-        remaining = max(1.0, (time_limit - (time.perf_counter() - start)) / (len(spaces) - i))
+        left = time_limit - (time.perf_counter() - start)
+        if left <= 0 and any(r.evaluation is not None for r in results):
+            results.append(LnCResult(space.lnc, "UNKNOWN", None, math.inf, 0.0, 0.0))
+            continue
+        remaining = max(1.0, left / (len(spaces) - i))
         incumbent = min((r.objective for r in results if r.evaluation is not None), default=None)
         results.append(solve_space(space, remaining, workers, seed, runners_up=top, cutoff=incumbent,
                                    deterministic_limit=deterministic_limit))
@@ -154,14 +164,17 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     if not found:
         if all(r.status == "INFEASIBLE" for r in results):
             raise InfeasibleError(explain_infeasible(problem, workers, seed))
-        raise InfeasibleError(f"no layout found within {time_limit:g} s (statuses: "
-                              f"{', '.join(f'LNC={r.lnc} {r.status}' for r in results)}); raise --time-limit")
+        raise TimeLimitError(f"no layout found within {time_limit:g} s (statuses: "
+                             f"{', '.join(f'LNC={r.lnc} {r.status}' for r in results)}), and none is proven "
+                             "impossible; raise --time-limit")
     best = min(found, key=lambda r: r.objective)
     bound = min(r.bound if r.evaluation else 0.0 for r in results if r.status not in ("INFEASIBLE", "NO_BETTER"))
     proven = all(r.status in ("OPTIMAL", "INFEASIBLE", "NO_BETTER") for r in results)
     gap = 0.0 if proven else max(0.0, (best.objective - bound) / best.objective)
     fastest = best.evaluation
-    chosen = robust_choice(problem, fastest, uncertainty, seed) if uncertainty > 0 else fastest
+    remaining = time_limit - (time.perf_counter() - start)
+    chosen = robust_choice(problem, fastest, uncertainty, seed, remaining) if uncertainty > 0 and remaining > 1 \
+        else fastest
     runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e.layout != chosen.layout),
                      key=problem.score)[:top]
     return SearchResult(problem, chosen, "OPTIMAL" if proven else "FEASIBLE", gap,
@@ -170,7 +183,8 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
                         fastest=fastest, uncertainty=uncertainty)
 
 
-def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, seed: int) -> Evaluation:
+def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, seed: int,
+                  time_limit: float = defaults.TIME_LIMIT_S) -> Evaluation:
     """Among layouts within ``uncertainty`` of the fastest (step time, same LNC), the one that leans
     least on slow links for TP, then with the most headroom (LayoutModel.prefer_robust); the
     fastest itself when nothing else qualifies or the budget ends first."""
@@ -178,7 +192,7 @@ def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, see
     lm = LayoutModel(space)
     lm.prefer_robust(fastest.step.total * (1 + uncertainty))
     lm.hint(fastest.layout)
-    solver = solver_for(defaults.TIME_LIMIT_S, 1, seed, deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
+    solver = solver_for(time_limit, 1, seed, deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
     if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
         return fastest
     e = problem.evaluate(lm.layout(solver))

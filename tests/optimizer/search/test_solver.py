@@ -105,8 +105,9 @@ def test_seed_worked_example_solver_beats_the_hand_layout():
 
 def test_deterministic_for_a_seed_and_worker_count():
     p = Problem(Workload(load_model("llama3-8b"), Training(global_batch=64)), load_target("trn2"), 1)
-    first = solve(p, time_limit=30, workers=2, seed=7, top=0)
-    second = solve(p, time_limit=30, workers=2, seed=7, top=0)
+    # a deterministic budget, so that a loaded machine gives the same answer as an idle one
+    first = solve(p, time_limit=600, workers=2, seed=7, top=0, deterministic_limit=120)
+    second = solve(p, time_limit=600, workers=2, seed=7, top=0, deterministic_limit=120)
     assert first.best.layout == second.best.layout
     assert first.status == "OPTIMAL"
 
