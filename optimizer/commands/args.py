@@ -134,6 +134,8 @@ def check_search_args(args) -> None:
     check_int(args.workers, "--workers", 1, MAX_WORKERS)
     check_int(args.seed, "--seed", 0, MAX_SEED)
     check_int(getattr(args, "top", None), "--top", 0, MAX_TOP)
+    if getattr(args, "deterministic_limit", None) is not None:
+        check_float(args.deterministic_limit, "--deterministic-limit", 0.0, MAX_TIME_LIMIT_S, open_low=True)
     if getattr(args, "uncertainty", None) is not None:
         check_float(args.uncertainty, "--uncertainty", 0.0, 1.0)
 

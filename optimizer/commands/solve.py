@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 import sys
 from dataclasses import replace
 
@@ -35,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--framework", choices=tuple(PROFILES),
                    help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
                         "nxd with --format nxd): torchtitan = FSDP2/HSDP (ZeRO-3), nxd = ZeRO-0/1")
+    p.add_argument("--deterministic-limit", type=float, metavar="SECONDS",
+                   help="also bound each CP-SAT solve by CP-SAT's deterministic time: the same answer on a loaded "
+                        "machine as on an idle one (default: the wall-clock --time-limit only)")
     p.add_argument("--uncertainty", type=float, default=defaults.UNCERTAINTY,
                    help=f"relative step-time uncertainty: among layouts within it of the fastest, prefer TP on "
                         f"faster links and more headroom (default {defaults.UNCERTAINTY:g}; 0 keeps the fastest)")
@@ -63,14 +67,16 @@ def run(args: argparse.Namespace) -> int:
                       lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework),
                       recompute=framework.recompute, interleave=framework.interleaved, instance_blocks=True)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
+    # one deadline for the whole command: finding the domain count comes out of --time-limit
+    deadline = time.perf_counter() + args.time_limit
     note = ""
     if domains is None:
-        found = fewest_domains(problem, workers=args.workers, seed=args.seed)
+        found = fewest_domains(problem, workers=args.workers, seed=args.seed, deadline=deadline)
         if found is None:
-            need = least_memory(replace(problem, domains=tiled), args.workers, args.seed)
+            need = least_memory(replace(problem, domains=tiled), args.workers, args.seed, deadline)
             raise InfeasibleError(fits_on_no_count(workload, target, args.headroom, MAX_DOMAINS, tiled, need))
         if found > 1:
-            need = least_memory(problem, args.workers, args.seed)
+            need = least_memory(problem, args.workers, args.seed, deadline)
             note = (f"no domain count given: {found} is the fewest {target.name} domains on which "
                     f"{workload.model.name} fits with {args.headroom:.0%} headroom (one needs at least "
                     f"{need / GIB:.1f} GiB/chip); pass {domain_flag(target, found)} to choose")
@@ -78,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
             note = f"no domain count given: one {target.name} domain is enough"
         problem = replace(problem, domains=found)
     check_rank_map_size(args, max(target.ranks(v, problem.domains) for v in problem.lnc_values))
-    result = solve(problem, args.time_limit, args.workers, args.seed, args.top, uncertainty=args.uncertainty)
+    result = solve(problem, max(1.0, deadline - time.perf_counter()), args.workers, args.seed, args.top,
+                   deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
     result.domains_note = note
     info = problem_dict(args.target, args.model, workload, problem.domains)
     if args.format == "json" or args.json == "-":

@@ -7,12 +7,13 @@ layout fits the HBM less the headroom.
 
 from __future__ import annotations
 
-import math
+import time
 from dataclasses import replace
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.memory import sharded_state_per_chip, usable_hbm
 from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.errors import TimeLimitError
 from trnopt.optimizer.model.target import GIB
 from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, solver_for
 from trnopt.optimizer.search.space import Space
@@ -42,32 +43,55 @@ def fits(space: Space, time_limit: float = 20.0, workers: int = defaults.WORKERS
     return {"OPTIMAL": True, "FEASIBLE": True, "INFEASIBLE": False}.get(status)
 
 
-def least_memory(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED) -> float:
-    """A floor on the memory per chip (bytes) every layout needs on this problem's machine."""
-    values = [minimum_memory(Space(problem, lnc), workers=workers, seed=seed) for lnc in problem.lnc_values]
-    return min((v for v in values if v is not None), default=math.inf)
+def _left(deadline: float | None, cap: float) -> float:
+    """Seconds a probe may take: ``cap``, or less when the command's deadline is nearer."""
+    return cap if deadline is None else min(cap, deadline - time.perf_counter())
 
 
-def explain_infeasible(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED) -> str:
+def least_memory(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
+                 deadline: float | None = None) -> float:
+    """A floor on the memory per chip (bytes) every layout needs on this problem's machine: CP-SAT's
+    least memory (or its proven bound), else the training state sharded over every chip plus
+    the runtime reserve, which no layout beats."""
+    values = []
+    for lnc in problem.lnc_values:
+        left = _left(deadline, 10.0)
+        if left > 0.5:
+            values.append(minimum_memory(Space(problem, lnc), time_limit=left, workers=workers, seed=seed))
+    t, w = problem.target, problem.workload
+    floor = (sharded_state_per_chip(w.model.total_params(), problem.domains * t.chips_per_domain,
+                                    w.training.state_bytes_per_param) + t.runtime_reserve_bytes)
+    return max(floor, min((v for v in values if v is not None), default=floor))
+
+
+def explain_infeasible(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
+                       deadline: float | None = None) -> str:
     """What the least memory any layout needs is, against what the target has, and what would fit."""
-    need = least_memory(problem, workers, seed)
+    need = least_memory(problem, workers, seed, deadline)
     have = usable_hbm(problem.target, problem.headroom)
     t = problem.target
     lines = [f"no layout fits: the least memory any layout needs is at least {need / GIB:.1f} GiB per chip "
              f"(already with the best ZeRO stage and recomputation), against {have / GIB:.1f} GiB usable "
              f"({t.chip.hbm_bytes / GIB:.0f} GiB HBM less {problem.headroom:.0%} headroom)"]
-    fits = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed)
-    if fits is not None:
-        lines.append(f"what would fit: {fits} domains ({fits * t.chips_per_domain} chips) - "
-                     f"{domain_flag(t, fits)}")
+    try:
+        fits_on = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed, deadline=deadline)
+    except TimeLimitError:
+        fits_on = -1
+    if fits_on == -1:
+        lines.append("what would fit: not searched further within the time limit (raise --time-limit)")
+    elif fits_on is not None:
+        lines.append(f"what would fit: {fits_on} domains ({fits_on * t.chips_per_domain} chips) - "
+                     f"{domain_flag(t, fits_on)}")
     else:
         lines.append(f"what would fit: nothing up to {MAX_DOMAINS} domains; a smaller global batch or sequence, "
                      "or a smaller headroom (--headroom)")
     return "; ".join(lines)
 
 
-def fewest_domains(problem: Problem, start: int = 1, workers: int = defaults.WORKERS, seed: int = defaults.SEED) -> int | None:
-    """The fewest domains (from ``start``) on which some layout fits with the headroom."""
+def fewest_domains(problem: Problem, start: int = 1, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
+                   deadline: float | None = None) -> int | None:
+    """The fewest domains (from ``start``) on which some layout fits with the headroom; raises
+    TimeLimitError when the deadline passes before a count is decided."""
     have = usable_hbm(problem.target, problem.headroom)
     t, w = problem.target, problem.workload
     state = sharded_state_per_chip(w.model.total_params(), 1, w.training.state_bytes_per_param)
@@ -76,8 +100,19 @@ def fewest_domains(problem: Problem, start: int = 1, workers: int = defaults.WOR
         if state / (domains * t.chips_per_domain) + t.runtime_reserve_bytes > have:
             continue
         bigger = replace(problem, domains=domains)
-        if any(fits(Space(bigger, lnc), workers=workers, seed=seed) for lnc in bigger.lnc_values):
-            return domains
+        answers = []
+        for lnc in bigger.lnc_values:
+            left = _left(deadline, 20.0)
+            if left <= 0.5:
+                raise TimeLimitError(f"the time limit passed while finding the fewest {t.name} domains that fit "
+                                     f"(decided up to {domains - 1}); give --ultraservers/--instances or raise "
+                                     "--time-limit")
+            answers.append(fits(Space(bigger, lnc), time_limit=left, workers=workers, seed=seed))
+            if answers[-1]:
+                return domains
+        if None in answers and deadline is not None and time.perf_counter() >= deadline:
+            raise TimeLimitError(f"the time limit passed while deciding whether {domains} {t.name} domains fit; "
+                                 "raise --time-limit")
     return None
 
 

@@ -163,7 +163,7 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     found = [r for r in results if r.evaluation is not None]
     if not found:
         if all(r.status == "INFEASIBLE" for r in results):
-            raise InfeasibleError(explain_infeasible(problem, workers, seed))
+            raise InfeasibleError(explain_infeasible(problem, workers, seed, deadline=start + time_limit))
         raise TimeLimitError(f"no layout found within {time_limit:g} s (statuses: "
                              f"{', '.join(f'LNC={r.lnc} {r.status}' for r in results)}), and none is proven "
                              "impossible; raise --time-limit")
