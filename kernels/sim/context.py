@@ -75,7 +75,8 @@ class CoreContext:
         self._shared_seq = 0
         self.timeline = CoreTimeline(rank, program)
         self._span: dict[int, list] = {}  # on-chip alloc id -> [first, last access, buffer, bytes, label]
-        self._labels: list[tuple[str, str | None]] = []  # (op, name) of each instruction, in issue order
+        self._labels: list[str] = []  # op of each instruction, in issue order
+        self._names: dict[int, str] = {}  # name= of the instructions that have one
         self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
         self.inputs: set[int] = set()
         self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit),
@@ -171,7 +172,7 @@ class CoreContext:
                 live = sorted((sp for sp in spans if sp[0] <= at <= sp[1]), key=lambda sp: -sp[3])
                 largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
                 raise ConstraintError(
-                    f"{self.where(*self._labels[at])}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
+                    f"{self.where(self._labels[at], self._names.get(at))}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
                     f"partition > {limit} ({what}); {len(live)} tensors live from first to last use, largest: "
                     f"{largest}")
 
@@ -215,7 +216,9 @@ class CoreContext:
         """Liveness of on-chip operands (``check_capacity``) and cross-program checks of an
         instruction's operands."""
         seq = len(self._labels)
-        self._labels.append((op, name))
+        self._labels.append(op)  # str only: no new GC-tracked object per instruction
+        if name is not None:
+            self._names[seq] = name
         span = self._span
         for views in (reads, writes):
             for v in views:

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import SimulatorError
 
-POLL_S = 0.05
+POLL_S = 0.2  # the caller wakes this often to look for a stall (each wake takes the GIL)
 GRACE_S = 0.5  # a rank waiting in a collective reports the stall itself, with the collective named
 
 
