@@ -17,18 +17,7 @@ from trnopt.optimizer.cost.memory import usable_hbm
 from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
-from trnopt.optimizer.search.space import CP_MAX, CP_MIN_SEQ
-
-
-def _divisors(n: int) -> list[int]:
-    small, large, d = [], [], 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
+from trnopt.optimizer.search.space import CP_MAX, CP_MIN_SEQ, divisors
 
 
 class Degrees:
@@ -36,9 +25,9 @@ class Degrees:
 
     def __init__(self, workload: Workload):
         m, t = workload.model, workload.training
-        self.tp = [d for d in _divisors(m.heads) if m.kv_heads % d == 0 or d % m.kv_heads == 0]
-        self.cp = [d for d in _divisors(t.seq) if d <= CP_MAX] if t.seq >= CP_MIN_SEQ else [1]
-        self.dp = _divisors(t.global_batch)
+        self.tp = [d for d in divisors(m.heads) if m.kv_heads % d == 0 or d % m.kv_heads == 0]
+        self.cp = [d for d in divisors(t.seq) if d <= CP_MAX] if t.seq >= CP_MIN_SEQ else [1]
+        self.dp = list(divisors(t.global_batch))
         self.layers = m.layers
 
     def fit(self, ranks: int) -> bool:

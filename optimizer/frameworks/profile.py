@@ -38,12 +38,11 @@ then PP, the same order as trnopt's ranks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
-from trnopt.optimizer.model.placement import rank_map
+from trnopt.optimizer.model.placement import instance_prefix, rank_map
 from trnopt.optimizer.model.target import Target
 
 
@@ -270,17 +269,7 @@ def _digits(layout: Layout, target: Target) -> list[tuple[str, str, int, str]]:
     cpi = target.chips_per_instance
     out = []
     stride = [1] * len(layout.axes)
-    below = 1  # chips per position of the current domain axis (product of the earlier domain axes)
-    bounds = []  # per axis: positions of it that one instance holds (None: all / none)
-    for j, axis in enumerate(layout.axes):
-        if axis.kind == "core":
-            bounds.append(axis.size)
-        elif axis.kind == "scale_out":
-            bounds.append(1)
-        else:
-            inside = cpi // below if cpi % below == 0 else 1
-            bounds.append(math.gcd(inside, axis.size) if below <= cpi else 1)
-            below *= axis.size
+    bounds = instance_prefix(layout.axes, cpi)  # per axis: positions of it that one instance holds
     raw: list[list] = []  # [dimension names, axis index, factor, stride], consecutive digits of one axis merged
     for dim, row in zip(DIMS, layout.placement):
         for j, f in enumerate(row):

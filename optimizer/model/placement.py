@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trnopt.optimizer.model.layout import DIMS, Layout
-from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.target import Axis, Target
 
 
 @dataclass(frozen=True)
@@ -252,3 +252,19 @@ def rank_map_csv(layout: Layout, target: Target, chunk: int = 2**16) -> Iterator
         domain, instance, chip, core = (c.tolist() for c in place_columns(layout, target, start, stop))
         yield "".join(f"{r},d{d}i{i},{c},{k}" + (f",d{d}" if multi else "") + f",{layout.lnc}\n"
                       for r, d, i, c, k in zip(range(start, stop), domain, instance, chip, core))
+
+
+def instance_prefix(axes: tuple[Axis, ...], chips_per_instance: int) -> list[int]:
+    """Per axis, how many of its first positions one instance holds: all of the core axis,
+    none of the scale-out axis, a prefix of a domain axis (instances are the fastest chips)."""
+    out, below = [], 1
+    for axis in axes:
+        if axis.kind == "core":
+            out.append(axis.size)
+        elif axis.kind == "scale_out":
+            out.append(1)
+        else:
+            per = chips_per_instance // below if chips_per_instance % below == 0 else 1
+            out.append(math.gcd(per, axis.size) if below <= chips_per_instance else 1)
+            below *= axis.size
+    return out

@@ -33,7 +33,8 @@ from trnopt.optimizer.cost.memory import memory_terms
 from trnopt.optimizer.cost.steptime import TERMS, ideal_compute_time, step_terms
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
-from trnopt.optimizer.search.space import Space, divisors, instance_prefix, prime_exponents
+from trnopt.optimizer.model.placement import instance_prefix
+from trnopt.optimizer.search.space import Space, divisors, prime_exponents
 from trnopt.optimizer.search.tabulate import Tabulator
 
 TICKS_PER_COMPUTE = 2**24  # ticks in the compute at peak

@@ -16,6 +16,7 @@ from functools import cached_property
 
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.model.target import Axis
 
 CP_MIN_SEQ = 8192           # context parallelism is searched from this sequence length on
@@ -47,22 +48,6 @@ def prime_exponents(n: int) -> dict[int, int]:
         p += 1
     if n > 1:
         out[n] = out.get(n, 0) + 1
-    return out
-
-
-def instance_prefix(axes: tuple[Axis, ...], chips_per_instance: int) -> list[int]:
-    """Per axis, how many of its first positions one instance holds: all of the core axis,
-    none of the scale-out axis, a prefix of a domain axis (instances are the fastest chips)."""
-    out, below = [], 1
-    for axis in axes:
-        if axis.kind == "core":
-            out.append(axis.size)
-        elif axis.kind == "scale_out":
-            out.append(1)
-        else:
-            per = chips_per_instance // below if chips_per_instance % below == 0 else 1
-            out.append(math.gcd(per, axis.size) if below <= chips_per_instance else 1)
-            below *= axis.size
     return out
 
 
