@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import alltoall_expert_matmul_reference, alltoall_reference  # noqa: F401
-from trnopt.kernels.ring import one_program, replica_group
+from trnopt.kernels.ring import SLAB_BYTES, one_program, replica_group
 from trnopt.kernels.routing import pack_dispatch, unpack_combine  # noqa: F401
 from trnopt.kernels.tiling import PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling, unit_pieces
 
@@ -56,7 +56,7 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
         w: [E_local, H, F], this rank's experts, HBM, same dtype.
         groups: replica groups (disjoint rank-lists of ep ranks each); list order is the
             all-to-all order.
-        channels: 1 (ncc.all_to_all).
+        channels: 1 (ncc.all_to_all has no channel: the runtime drives the links).
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
 
     Returns:
@@ -67,13 +67,16 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     position j; the receiver runs, per local expert e, one `MatmulPipeline` over the ep
     source blocks recv[s, :, e] ([H, C] each) against w[e]; all_to_all of the results
     returns them. The staging copy of sub-chunk s + 1 (collectives never touch kernel
-    inputs) is spread over the matmul of s, and its dispatch is issued before the combine
-    of s, so that the collective engine never waits on the matmul it should overlap.
+    inputs) and its dispatch go slab by slab over the first half of the matmul of s, the
+    combine of s - 1 (and its copy into y) over the second half: the collective engine
+    never waits on the matmul it should overlap, and no collective holds the DMA
+    bandwidth for long.
 
     Preconditions: shapes as above with matching E_local, H and dtype; every rank-list of
     size ep; LNC 1.
     """
     s_n, ep, el, h, c, f = _check_shapes(x_disp, w, groups)
+    assert channels == 1, f"alltoall_expert_matmul: channels must be 1 (one ncc.all_to_all path), got {channels}"
     rg, _ = replica_group(groups, channels, "alltoall_expert_matmul")
     dt = w.dtype
     y = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.shared_hbm, name="y")
@@ -81,40 +84,48 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     recv = nl.ndarray((s_n, ep, el, h, c), dtype=dt, buffer=nl.private_hbm, name="a2a_recv")
     res = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_res")
     back = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_back")
-    def dispatch(s: int) -> None:
-        ncc.all_to_all(srcs=[send[s]], dsts=[recv[s]], replica_group=rg, collective_dim=0, name=f"dispatch{s}")
-
     tiling = choose_tiling(ep * c, h, f, dt.itemsize, dt.itemsize, sbuf_bytes=sbuf_bytes)
     pipe = MatmulPipeline(h, f, dt, dt, tiling, name="moe")
-    # Copies spread over a matmul go in slabs small enough to sit in the DMA slack of one
-    # K block: about one per K-block iteration of half a sub-chunk's matmul.
-    n_slabs = max(1, pipe.iterations([c] * ep) * el // (2 * ep * el))
-    k_slabs = unit_pieces(h, PMAX, n_slabs)
-    c_slabs = unit_pieces(c, 1, n_slabs)
+    # Both all-to-alls go in slabs of about SLAB_BYTES per rank (H rows of the dispatch, slot
+    # columns of the combine), each a side action of a matmul call: a large collective would
+    # take the shared DMA bandwidth from the matmul's loads for long.
+    k_slabs = unit_pieces(h, PMAX, -(-ep * el * h * c * dt.itemsize // (8 * SLAB_BYTES)))
+    c_slabs = unit_pieces(c, 1, -(-ep * el * c * f * dt.itemsize // (8 * SLAB_BYTES)))
 
-    def staging(s: int) -> list:
-        # collectives never touch kernel inputs: copy sub-chunk s into the send buffer
-        return [(send[s, j, e][k0:k0 + kl, 0:c], x_disp[s, j, e][k0:k0 + kl, 0:c])
-                for j in range(ep) for e in range(el) for k0, kl in k_slabs]
+    def dispatch(s: int, k0: int, kl: int) -> None:
+        # collectives never touch kernel inputs: stage rows k0.. of sub-chunk s, then send them
+        for j in range(ep):
+            for e in range(el):
+                nisa.dma_copy(dst=send[s, j, e][k0:k0 + kl, 0:c], src=x_disp[s, j, e][k0:k0 + kl, 0:c],
+                              name="a2a_stage")
+        ncc.all_to_all(srcs=[send[s][0:ep, 0:el, k0:k0 + kl, 0:c]], dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]],
+                       replica_group=rg, collective_dim=0, name=f"dispatch{s}")
 
-    def output(s: int) -> list:
-        return [(y[s, j, e][c0:c0 + cl, 0:f], back[s, j, e][c0:c0 + cl, 0:f])
-                for j in range(ep) for e in range(el) for c0, cl in c_slabs]
+    def combine(s: int, c0: int, cl: int) -> None:
+        ncc.all_to_all(srcs=[res[s][0:ep, 0:el, c0:c0 + cl, 0:f]], dsts=[back[s][0:ep, 0:el, c0:c0 + cl, 0:f]],
+                       replica_group=rg, collective_dim=0, name=f"combine{s}")
+        for j in range(ep):
+            for e in range(el):
+                nisa.dma_copy(dst=y[s, j, e][c0:c0 + cl, 0:f], src=back[s, j, e][c0:c0 + cl, 0:f], name="a2a_out")
 
-    for dst, src in staging(0):
-        nisa.dma_copy(dst=dst, src=src, name="a2a_stage")
-    dispatch(0)
+    def dispatches(s: int) -> list:
+        return [lambda s=s, k0=k0, kl=kl: dispatch(s, k0, kl) for k0, kl in k_slabs] if s < s_n else []
+
+    def combines(s: int) -> list:
+        return [lambda s=s, c0=c0, cl=cl: combine(s, c0, cl) for c0, cl in c_slabs] if s >= 0 else []
+
+    for fn in dispatches(0):
+        fn()
     for s in range(s_n):
         for e in range(el):
-            side = staging(s + 1) if e == 0 and s + 1 < s_n else []
-            # the previous sub-chunk's results, in the second half, once its combine is through
-            late = output(s - 1) if e == el - 1 and s > 0 else []
+            # the next sub-chunk's dispatch over the first half of this one's matmul; the
+            # previous one's combine (its results are evacuated by then) over the second half
+            side = dispatches(s + 1) if e == 0 else []
+            late = combines(s - 1) if e == el - 1 else []
             pipe([RowBlock(recv[s, j, e], res[s, j, e]) for j in range(ep)], w[e], side=side, late=late, w_key=e)
-        if s + 1 < s_n:
-            dispatch(s + 1)
-        ncc.all_to_all(srcs=[res[s]], dsts=[back[s]], replica_group=rg, collective_dim=0, name=f"combine{s}")
-    for dst, src in output(s_n - 1):
-        nisa.dma_copy(dst=dst, src=src, name="a2a_out")
+    pipe.flush()
+    for fn in combines(s_n - 1):
+        fn()
     return y
 
 
