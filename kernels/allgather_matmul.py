@@ -53,10 +53,12 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
 
     Decomposition: step s = 0..tp-1 multiplies the shard (or half-shards) received s hops
     away, whose rows start at position_after(pos, s) * M_shard (ring-position arithmetic,
-    `trnopt.kernels.ring`), while collective_permute_implicit moves it on to the successor
-    slab by slab; two HBM ring buffers per channel (double buffering: step s reads buffer
-    s % 2, receives into the other). Step 0 reads x_t directly; the ring starts from a copy
-    of it (collectives never touch kernel inputs) made slab by slab during step 0.
+    `trnopt.kernels.ring`), while collective_permute_implicit moves it on to the successor.
+    When two or three shards fit in SBUF beside the matmul's tiles (small shards, large TP
+    degree) the ring runs on chip and the matmul reads the shard in place (`_sbuf_ring`);
+    otherwise through two HBM ring buffers per channel, slab by slab (`_hbm_ring`; step 0
+    reads x_t directly and copies it into the ring, collectives never touching kernel
+    inputs).
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2) and
     M_shard >= channels; pieces >= 1; rank-lists of equal size; one program per rank (LNC 1).
