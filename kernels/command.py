@@ -10,11 +10,11 @@
    in the plan's ring order and channels, and compares each rank's result with the NumPy
    reference (BF16: 2e-2 relative to the tensor's scale, the tests' rule).
 3. Prints the overlap table (T_mm, T_cc, T_f, hidden fraction, speedup) from the
-   simulator's timeline. ``--shape full`` (default): at the layout's full shape, measured
-   now when the simulator has its symmetric fast mode (run_ranks(symmetric=True): one
-   representative rank), else read from the measured table targets/measured/overlap.json
-   (and said so). ``--shape scaled``: at the scaled shape of step 2.
-   Beside each row: the fraction the cost model uses (optimizer/overlapdata.py).
+   simulator's timeline, measured by the overlap harness (kernels/overlap.py).
+   ``--shape full`` (default): at the layout's full shape, in the simulator's symmetric
+   fast mode (one representative rank; the measured table if that run fails, and said
+   so). ``--shape scaled``: at the scaled shape of step 2. Beside each row: the fraction
+   the cost model uses and its source (optimizer/cost/overlap.py).
 
 Exit codes: 0 all results match; 1 a result is wrong or the plan fails its checks;
 2 bad input (a malformed layout file: one line naming the file, the key and the rule).
@@ -22,7 +22,6 @@ Exit codes: 0 all results match; 1 a result is wrong or the plan fails its check
 
 from __future__ import annotations
 
-import inspect
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from trnopt.kernels import overlap
 from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring, overlap_variants
 from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.cost.overlap import measured
@@ -151,23 +151,12 @@ def check_ep(group: GroupPlan) -> list[Check]:
 
 
 # -- overlap table --------------------------------------------------------------------------------
-def symmetric_mode() -> bool:
-    from trnopt.kernels.sim import run_ranks
-    return "symmetric" in inspect.signature(run_ranks).parameters
-
-
-def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int, symmetric: bool) -> dict:
-    """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only."""
-    from trnopt.kernels.overlap import collective_span, hidden_fraction, speedup
-    from trnopt.kernels.sim import run_ranks
-
-    ring = local_ring(group.replica_groups[0])
-    variants = overlap_variants(kernel, ring, m, k, n, BF16, group.channels, numerics=False)[:3]
-    extra = {"symmetric": True} if symmetric else {}
-    times = [run_ranks(v.kernel, v.args_per_rank, link=group.link, numerics=False, timeout_s=600,
-                       kwargs=dict(v.kwargs), **extra).timeline for v in variants]
-    a, b, c = times[0].total_s, collective_span(times[1]), times[2].total_s
-    return {"t_mm": a, "t_cc": b, "t_f": c, "hidden_fraction": hidden_fraction(a, b, c), "speedup": speedup(a, b, c)}
+def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int) -> dict:
+    """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only (the overlap harness)."""
+    res = overlap.measure(kernel, {"m": m, "k": k, "n": n}, link=group.link,
+                          ring=local_ring(group.replica_groups[0]), channels=group.channels, timeout_s=600)
+    return {"t_mm": res.t_mm, "t_cc": res.t_cc, "t_f": res.t_f, "hidden_fraction": res.hidden_fraction,
+            "speedup": res.speedup}
 
 
 def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
@@ -180,28 +169,22 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
         return rows, "no TP kernels in this plan (TP = 1)"
     if shape == "scaled":
         how = "timeline at the scaled shape, measured now (numerics=False)"
-    elif symmetric_mode():
+    else:
         how = ("timeline at the full shape, measured now with the simulator's symmetric fast mode "
                "(numerics=False, one representative rank)")
-    else:
-        how = (f"the simulator has no symmetric fast mode: full-shape rows read from the measured table "
-               f"{table.source} (regenerate: {table.doc.get('command', '?')})")
     for ku in kernels:
         used = table.fraction(ku.kernel, tp.size, tp.link_class)
         row = {"kernel": ku.kernel, "tp": tp.size, "link_class": tp.link_class, "channels": tp.channels,
                "cost_model_fraction": used, "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class)}
         if shape == "scaled":
             m, k, n = scaled_shape(ku.kernel, tp.size)
-            row.update(shape={"m": m, "k": k, "n": n}, **measure(tp, ku.kernel, m, k, n, symmetric_mode()),
-                       source="measured now")
-        elif symmetric_mode():
+            row.update(shape={"m": m, "k": k, "n": n}, **measure(tp, ku.kernel, m, k, n), source="measured now")
+        else:
             try:
-                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n},
-                           **measure(tp, ku.kernel, ku.m, ku.k, ku.n, True), source="measured now (symmetric)")
+                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n}, **measure(tp, ku.kernel, ku.m, ku.k, ku.n),
+                           source="measured now (symmetric)")
             except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
                 row.update(_table_row(table, ku.kernel, tp), source=f"table (symmetric run failed: {exc})")
-        else:
-            row.update(_table_row(table, ku.kernel, tp), source="table")
         rows.append(row)
     return rows, how
 

@@ -85,13 +85,12 @@ def test_kernels_on_a_tp_group_across_the_trn2u_ring(tmp_path, capsys):
     assert all(c["ok"] for c in doc["checks"])
 
 
-def test_full_shape_table_says_where_it_came_from(solved_trn2u, capsys, monkeypatch):
-    from trnopt.kernels import command as kernelscmd
-    monkeypatch.setattr(kernelscmd, "symmetric_mode", lambda: False)
+def test_full_shape_table_says_where_it_came_from(solved_trn2u, capsys):
     capsys.readouterr()
-    assert main(["kernels", "--layout", str(solved_trn2u)]) == 0
-    out = capsys.readouterr().out
-    assert "read from the measured table targets/measured/overlap.json" in out
+    assert main(["kernels", "--layout", str(solved_trn2u), "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "symmetric fast mode" in doc["overlap"]["source"]
+    assert doc["overlap"]["rows"] and all(r["cost_model_source"] and r["source"] for r in doc["overlap"]["rows"])
 
 
 def test_wrong_result_exits_1(solved_trn2u, capsys, monkeypatch):
