@@ -1,6 +1,7 @@
 """KernelPlan: what a solved layout asks of the overlap kernels.
 
-From a Layout and its Target (DESIGN section 7):
+From a Layout and its Target (the collective placement rules of the Neuron runtime's
+"Intra-node Collective Communications with AWS Neuron" page):
 - the replica groups of every TP group (and EP group) from the rank-to-chip map
   (`trnopt.optimizer.model.placement`), each rank-list in ring order along physical neighbours;
 - a check of every hop of every ring (one link: two cores of one chip, or two chips one

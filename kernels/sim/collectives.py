@@ -1,5 +1,8 @@
 """The simulator's ``nki.collectives`` (ncc), run across the rank threads of ``run_ranks``.
 
+Over ~450 lines: every nki.collectives entry point shares one rendezvous and one
+ReplicaGroup check; split, each file would re-import the whole state machine.
+
 Semantics from the "nki.collectives" API pages (NKI 0.6/0.7):
 - ``ReplicaGroup``: a list of rank-lists; the collective runs independently inside each
   rank-list, which must not overlap. The order of a rank-list is the ring order.

@@ -1,5 +1,8 @@
 """The simulator's ``nki.isa`` (nisa): the instructions trnopt kernels use.
 
+Over ~450 lines: the core nki.isa instructions share one operand-checking path; the
+additional ones live in isa_vector.py.
+
 Names, parameters and defaults follow the "nki.isa" API reference (NKI 0.6/0.7). Each
 instruction checks its rules (``checks``), computes with NumPy in numerics mode (FP32
 arithmetic, FP32 PSUM accumulation, results cast to the dst dtype through ml_dtypes),

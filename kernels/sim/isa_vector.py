@@ -1,4 +1,7 @@
 """nki.isa instructions of the Vector, Scalar and GpSimd engines beyond the basic ones:
+
+Over ~450 lines: one module per NKI reference page group (vector/scalar/gpsimd
+instructions), each instruction short; splitting further would scatter their shared checks.
 reductions, scans, selects, pattern generation, sorting helpers and statistics.
 
 Semantics from the NKI 0.7 reference page of each instruction ("nki.isa.<name>"): inputs

@@ -1,5 +1,8 @@
 """Tensors: per-rank allocations and the strided views that NKI instructions consume.
 
+Over ~450 lines: the tensor and its access-pattern views are one type (views share
+bounds, definedness and dtype reinterpretation); splitting them would split the type.
+
 Follows the "nki.language.NkiTensor" and "NKI Access Patterns" pages: a tensor lives in
 one buffer (SBUF, PSUM, private or shared HBM); every view (slicing, ``.ap()``) is an
 element offset plus an access pattern ``[[stride, count], ...]`` over the allocation's

@@ -198,6 +198,8 @@ def parse_target(data: dict, source: str) -> Target:
     Every figure is held to its physical range (bounds.py), and the runtime reserve to
     less than the HBM.
     """
+    # ~100 lines on purpose: one pass over the file's tables in their order, each rule next to
+    # the key it checks (a Target is built once, at the end, from validated parts)
     root = Table(data, source)
     chip_t = root.table("chip")
     cores = chip_t.int("physical_cores", maximum=B.MAX_PHYSICAL_CORES)
