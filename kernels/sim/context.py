@@ -179,7 +179,9 @@ class CoreContext:
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
         """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
         tensor the rank's programs share, judged at the next barrier: see ``lnc``)."""
-        mask = v.written_mask()
+        # A snapshot: the other program of an LNC=2 rank runs in its own thread and may
+        # write the shared tensor between the test and the report.
+        mask = np.array(v.written_mask())
         if not mask.all():
             unwritten = ~mask
             bad = np.argwhere(unwritten)
@@ -196,7 +198,7 @@ class CoreContext:
         """Data and written mask of ``v`` for an instruction that only moves data (a
         transpose): unwritten elements move along as unwritten, to be refused where they
         are used; a source with no written element at all is refused here."""
-        mask = v.written_mask()
+        mask = np.array(v.written_mask())  # a snapshot, as in ``read``
         if mask.all():
             return v.array(), None
         if not mask.any():
