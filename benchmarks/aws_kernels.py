@@ -1,6 +1,8 @@
 """How many of AWS's public NKI 0.6+ kernels run unmodified on trnopt's simulator and match NumPy.
 
-    /work/venv/bin/python benchmarks/aws_kernels.py /work/scratch/aws-kernels
+    /work/venv/bin/python benchmarks/aws_kernels.py /work/scratch/aws-kernels [-k SUBSTRING]
+
+(-k runs only the kernels whose ``file::kernel`` contains SUBSTRING; the count is then partial.)
 
 FOLDER holds copies of the kernels, kept outside this repository:
   FOLDER/sdk/*.py  the 0.6+ files of aws-neuron-sdk nki/examples (``import nki``, not
@@ -452,6 +454,62 @@ LIB_CASES += [
          post=_moe_out),
 ]
 
+def _dropping_inputs(rng: np.random.Generator, r: int, t: int = 2176, h: int = 512, e: int = 2, i: int = 256,
+                     block: int = 1024) -> tuple[tuple, dict]:
+    """The dropping layer's layout: block k holds expert k's tokens (up to ``block``; the rest are
+    dropped), padding token id T."""
+    from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+    (x, aff, wg, wd, _, _, _), _ = _moe_inputs(block)(rng, r, t, h, e, i)
+    a = aff.astype(np.float32).reshape(t + 1, e)
+    pos = np.full((e, block), t, np.int32)
+    for k in range(e):
+        toks = np.flatnonzero(a[:t, k])[:block]
+        pos[k, :toks.size] = toks
+    return (x, aff, wg, wd, block, pos.reshape(-1), np.arange(e, dtype=np.int32).reshape(-1, 1)), \
+        {"expert_affinities_scaling_mode": ExpertAffinityScaleMode.POST_SCALE}
+
+
+def ref_moe_dropping(x, aff, wg, wd, block, pos, b2e):
+    """ref_moe for the tokens that got a slot in their expert's block; dropped tokens give zero."""
+    out = ref_moe(x, aff, wg, wd, block, pos, b2e)
+    kept = np.zeros(out.shape[0], bool)
+    kept[pos[pos < out.shape[0]]] = True
+    return np.where(kept[:, None], out, 0.0)
+
+
+LIB_CASES.append(_lib("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_shard_intermediate_dropping",
+                      _dropping_inputs, lambda a, kw, r, al: ref_moe_dropping(*a), lnc=2, rtol=2e-2, atol=1e-2,
+                      post=_moe_out))
+
+def _rmsnorm_quant_inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+    from nkilib.core.rmsnorm.rmsnorm_quant import RmsNormQuantKernelArgs
+    hidden = (rng.standard_normal((2, 96, 512)) * rng.uniform(0.1, 4, (2, 96, 1))).astype(BF16)
+    gamma = rng.uniform(0.5, 1.5, (1, 512)).astype(BF16)
+    return (hidden, gamma, RmsNormQuantKernelArgs()), {}
+
+
+def ref_rmsnorm_quant(hidden, gamma, eps=1e-6, fp8_max=240.0):
+    """y = x / sqrt(mean(x^2) + eps) * gamma per row; the row's dequantization scale is
+    max|y| / fp8_max (at least 1e-6), the FP8 data y / scale."""
+    x = hidden.astype(np.float64)
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gamma.astype(np.float64).reshape(-1)
+    scale = np.maximum(np.abs(y).max(-1, keepdims=True) / fp8_max, 1e-6)
+    return y, scale
+
+
+def _rmsnorm_quant_out(o: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's [B, S, H+4] FP8 rows: H data values, then the FP32 scale in 4 bytes."""
+    o = np.asarray(o)
+    h = o.shape[-1] - 4
+    scale = np.ascontiguousarray(o[..., h:]).view(np.uint8).view(np.float32).astype(np.float64)
+    return o[..., :h].astype(np.float64) * scale, scale
+
+
+# FP8 E4M3 keeps 3 mantissa bits: a value is within 1/16 of itself after rounding
+LIB_CASES.append(_lib("core/rmsnorm/rmsnorm_quant.py", "rmsnorm_quant_kernel", _rmsnorm_quant_inputs,
+                      lambda a, kw, r, al: ref_rmsnorm_quant(a[0], a[1]), rtol=1 / 32, atol=1e-6,
+                      post=_rmsnorm_quant_out))
+
 MX = "needs NeuronCore-v4 MX matmul / quantization (nisa.nc_matmul_mx, quantize_mx): Trn3 hardware, not simulated"
 LIB_CASES += [_lib(path, k, None, None, hardware_only=MX) for path, k in [
     ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx"),
@@ -573,6 +631,9 @@ def public_kernels(folder: Path) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str]) -> int:
+    only = ""
+    if len(argv) == 3 and argv[1] == "-k":
+        argv, only = argv[:1], argv[2]
     if len(argv) != 1:
         print(__doc__.split("\n\n")[1])
         return 2
@@ -587,6 +648,8 @@ def main(argv: list[str]) -> int:
     outcomes: list[Outcome] = []
     for file, kernel in public_kernels(folder):
         case = cases.pop((file, kernel), None)
+        if only not in f"{file}::{kernel}":
+            continue
         if Path(file).name in SDK_NOT_KERNELS:
             outcomes.append(Outcome(Case(file, kernel, None, None), "not a kernel", SDK_NOT_KERNELS[Path(file).name]))
         elif case is None:
@@ -594,6 +657,8 @@ def main(argv: list[str]) -> int:
         else:
             outcomes.append(run_case(folder, case))
     for case in cases.values():
+        if only not in f"{case.file}::{case.kernel}":
+            continue
         outcomes.append(Outcome(case, "error", "kernel not found in the folder"))
     width = max(len(f"{o.case.file}::{o.case.kernel}") for o in outcomes)
     print(f"{'kernel':<{width}}  {'result':<13} {'s':>6}  detail")

@@ -14,8 +14,10 @@ with rank 0 only (``symmetric=True``), wall times side by side and the timelines
 
     /work/venv/bin/python benchmarks/sim_allgather.py            # both parts
     /work/venv/bin/python benchmarks/sim_allgather.py --full     # production shape only
-    /work/venv/bin/python benchmarks/sim_allgather.py --baseline DIR   # then the same with an
-        # older simulator: DIR holds a ``trnopt`` package (e.g. an export of an earlier commit)
+    /work/venv/bin/python benchmarks/sim_allgather.py --baseline DIR [--rounds N]
+        # the current simulator and an older one side by side: DIR holds a ``trnopt`` package
+        # (e.g. a worktree of an earlier commit); N rounds (default 3) alternate old and new,
+        # each a fresh process, and the ratio new/old of their CPU seconds is printed per round
 
 Every time is printed as wall seconds and CPU seconds of this process (all threads); on a
 shared, loaded machine compare the CPU columns of two runs made side by side.
@@ -112,6 +114,15 @@ def production_shape() -> bool:
 def main() -> int:
     if "--baseline" in sys.argv[1:]:
         return _with_baseline()
+    c0, t0 = time.process_time(), time.perf_counter()
+    try:
+        return _main()
+    finally:
+        # read by _with_baseline: the whole benchmark's CPU and wall seconds in this process
+        print(f"TOTAL cpu s {time.process_time() - c0:.3f} wall s {time.perf_counter() - t0:.3f}", flush=True)
+
+
+def _main() -> int:
     print(f"python {sys.version.split()[0]} on {platform.platform()}, {os.cpu_count()} CPUs, "
           f"numpy {np.__version__}, real nki: {USING_REAL_NKI}")
     if "--full" in sys.argv[1:]:
@@ -144,7 +155,9 @@ def main() -> int:
 
 
 def _with_baseline() -> int:
-    """This benchmark with the installed simulator, then with the ``trnopt`` under DIR."""
+    """The current simulator and the ``trnopt`` under DIR in alternating rounds; CPU ratio new/old."""
+    import re
+    import statistics
     import subprocess
 
     argv = sys.argv[1:]
@@ -153,10 +166,34 @@ def _with_baseline() -> int:
         print("error: --baseline DIR needs a directory holding a trnopt package", file=sys.stderr)
         return 2
     base, rest = argv[i + 1], argv[:i] + argv[i + 2:]
-    rc = 0
-    for label, env in (("current simulator", {}), (f"baseline {base}", {"PYTHONPATH": base})):
-        print(f"===== {label}", flush=True)
-        rc |= subprocess.run([sys.executable, __file__, *rest], env={**os.environ, **env}).returncode
+    rounds = 3
+    if "--rounds" in rest:
+        j = rest.index("--rounds")
+        rounds = int(rest[j + 1])
+        rest = rest[:j] + rest[j + 2:]
+    env_new = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    envs = {"new": env_new, "old": {**env_new, "PYTHONPATH": base}}
+    rc, ratios, walls = 0, [], []
+    for r in range(rounds):
+        got = {}
+        # alternate which goes first so a load change on the machine hits both alike
+        for label in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            p = subprocess.run([sys.executable, __file__, *rest], env=envs[label], capture_output=True, text=True)
+            rc |= p.returncode
+            m = re.search(r"^TOTAL cpu s ([0-9.]+) wall s ([0-9.]+)", p.stdout, re.M)
+            if m is None:
+                print(f"round {r + 1} {label}: no TOTAL line (exit {p.returncode})\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+                return 1
+            got[label] = (float(m.group(1)), float(m.group(2)))
+            if r == 0:
+                print(f"===== {label} ({'baseline ' + base if label == 'old' else 'current simulator'})")
+                print(p.stdout.rstrip(), flush=True)
+        ratios.append(got["new"][0] / got["old"][0])
+        walls.append(got["new"][1] / got["old"][1])
+        print(f"round {r + 1}: cpu s new {got['new'][0]:.2f} old {got['old'][0]:.2f} ratio {ratios[-1]:.3f}; "
+              f"wall ratio {walls[-1]:.3f}", flush=True)
+    print(f"median cpu ratio new/old {statistics.median(ratios):.3f} over {rounds} rounds "
+          f"(wall {statistics.median(walls):.3f}); goal <= 1.10")
     return rc
 
 
