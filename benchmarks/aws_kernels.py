@@ -510,6 +510,50 @@ LIB_CASES.append(_lib("core/rmsnorm/rmsnorm_quant.py", "rmsnorm_quant_kernel", _
                       lambda a, kw, r, al: ref_rmsnorm_quant(a[0], a[1]), rtol=1 / 32, atol=1e-6,
                       post=_rmsnorm_quant_out))
 
+def _attn_fwd(q, k, v, causal, scale):
+    """Forward attention in the kernel's [d, seq] layout: P [b, h, sq, sk], O [b, h, d, sq], lse [b, h, sq]."""
+    hq, hk = q.shape[1], k.shape[1]
+    k, v = np.repeat(k, hq // hk, axis=1), np.repeat(v, hq // hk, axis=1)  # GQA: each KV head serves hq/hk heads
+    s_ = scale * np.einsum("bhdi,bhdj->bhij", q, k)
+    if causal:
+        s_ = np.where(np.tril(np.ones(s_.shape[-2:], bool)), s_, -np.inf)
+    m = s_.max(-1, keepdims=True)
+    lse = np.log(np.exp(s_ - m).sum(-1, keepdims=True)) + m
+    p_ = np.exp(s_ - lse)
+    return p_, np.einsum("bhij,bhdj->bhdi", p_, v), lse[..., 0], k, v
+
+
+def _attn_bwd_inputs(rng: np.random.Generator, r: int, b: int = 1, hq: int = 2, hk: int = 1, d: int = 64,
+                     n: int = 256) -> tuple[tuple, dict]:
+    q, k, v, dy = (rng.standard_normal(sh).astype(BF16) for sh in ((b, hq, d, n), (b, hk, d, n), (b, hk, d, n),
+                                                                    (b, hq, d, n)))
+    f = [a.astype(np.float64) for a in (q, k, v)]
+    _, o, lse, _, _ = _attn_fwd(*f, True, 1 / np.sqrt(d))
+    # lse[b, h, p, t] belongs to query t * 128 + p (the kernel's tile layout, per its docstring)
+    lse_t = lse.reshape(b, hq, n // 128, 128).transpose(0, 1, 3, 2).astype(np.float32)
+    return (q, k, v, o.astype(BF16), dy, lse_t), {"use_causal_mask": True}
+
+
+def ref_attention_bwd(q, k, v, o, dy, lse, **kw):
+    """Gradients of O = softmax(scale q^T k, causal) v^T: dV = P^T dY, dS = P (dP - rowsum(dY o)),
+    dQ = scale dS K, dK = scale dS^T Q; a KV head's gradient sums over the query heads it serves."""
+    q, k, v, dy = (a.astype(np.float64) for a in (q, k, v, dy))
+    scale = 1 / np.sqrt(q.shape[2])
+    p_, o64, _, ke, ve = _attn_fwd(q, k, v, True, scale)
+    dv = np.einsum("bhij,bhdi->bhdj", p_, dy)
+    dp = np.einsum("bhdi,bhdj->bhij", dy, ve)
+    ds = p_ * (dp - (dy * o64).sum(2)[..., None])
+    dq = scale * np.einsum("bhij,bhdj->bhdi", ds, ke)
+    dk = scale * np.einsum("bhij,bhdi->bhdj", ds, q)
+    g = q.shape[1] // k.shape[1]
+    fold = lambda x: x.reshape(x.shape[0], k.shape[1], g, *x.shape[2:]).sum(2)  # noqa: E731
+    return dq, fold(dk), fold(dv)
+
+
+LIB_CASES.append(_lib("core/attention/attention_bwd.py", "attention_bwd", _attn_bwd_inputs,
+                      lambda a, kw, r, al: ref_attention_bwd(*a), rtol=3e-2, atol=3e-2,
+                      post=lambda o: tuple(o[:3])))
+
 MX = "needs NeuronCore-v4 MX matmul / quantization (nisa.nc_matmul_mx, quantize_mx): Trn3 hardware, not simulated"
 LIB_CASES += [_lib(path, k, None, None, hardware_only=MX) for path, k in [
     ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx"),
