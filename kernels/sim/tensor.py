@@ -662,6 +662,9 @@ class NkiTensor:
 @lru_cache(maxsize=4096)
 def _box_from_pattern(shape: tuple[int, ...], astrides: tuple[int, ...], offset: int,
                       pattern: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    exact = _box_without_carry(shape, astrides, offset, pattern)
+    if exact is not None:
+        return exact
     total = math.prod(c for _, c in pattern)
     if total > (1 << 20) or not shape:
         lo = offset + sum(min(0, s * (c - 1)) for s, c in pattern)
@@ -676,6 +679,42 @@ def _box_from_pattern(shape: tuple[int, ...], astrides: tuple[int, ...], offset:
         coord = (idx // st) % n
         out.append((int(coord.min()), int(coord.max()) + 1))
     return tuple(out)
+
+
+def _box_without_carry(shape: tuple[int, ...], astrides: tuple[int, ...], offset: int,
+                       pattern: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...] | None:
+    """The box in closed form when no index of the pattern carries from one allocation dim into
+    the next: the offset and each step written as digits of the allocation's mixed radix, and the
+    offset digit plus the largest sum of a dim's step digits still inside that dim. Then every
+    coordinate is linear in the pattern's counters and its extremes are those sums. None when a
+    step is negative or a carry can happen (the caller enumerates the indices)."""
+    if not shape or offset < 0:
+        return None
+    nd = len(shape)
+    lo = [0] * nd
+    rem = offset
+    for d in range(nd):
+        lo[d], rem = divmod(rem, astrides[d])
+    if rem or any(lo[d] >= shape[d] for d in range(1, nd)):
+        return None
+    span = [0] * nd
+    for s, c in pattern:
+        if c <= 1:
+            continue
+        if s < 0:
+            return None
+        r = s
+        for d in range(nd):
+            digit, r = divmod(r, astrides[d])
+            if d and digit >= shape[d]:
+                return None
+            span[d] += digit * (c - 1)
+        if r:
+            return None
+    for d in range(nd):
+        if lo[d] + span[d] >= shape[d]:
+            return None
+    return tuple((lo[d], lo[d] + span[d] + 1) for d in range(nd))
 
 
 def boxes_overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:

@@ -105,3 +105,40 @@ def test_ap_offset_none_keeps_the_views_offset_and_own_dtype_is_accepted() -> No
     halves = t.ap([[16, 4], [1, 16]], dtype=np.uint16).array()
     np.testing.assert_array_equal(halves, ref.view(np.uint16).reshape(4, 16))
     np.testing.assert_array_equal(t[1:3, 2:6].view(np.uint16).array(), ref[1:3, 2:6].view(np.uint16))
+
+
+def test_box_in_closed_form_equals_the_enumerated_box():
+    """The no-carry shortcut of a view's dependency box gives the box of the enumerated
+    elements, and declines (None) whenever some index would carry into the next dim."""
+    import math
+
+    from trnopt.kernels.sim.tensor import _box_without_carry
+
+    def enumerated(shape, astrides, offset, pattern):
+        idx = np.full((1,), offset, dtype=np.int64)
+        for s, c in pattern:
+            idx = (idx[:, None] + np.arange(c)[None, :] * s).ravel()
+        return tuple((int(((idx // st) % n).min()), int(((idx // st) % n).max()) + 1)
+                     for st, n in zip(astrides, shape))
+
+    rng = np.random.default_rng(7)
+    hits = declined = 0
+    for _ in range(3000):
+        shape = tuple(int(x) for x in rng.integers(1, 9, rng.integers(1, 4)))
+        astrides = tuple(int(math.prod(shape[d + 1:])) for d in range(len(shape)))
+        size = math.prod(shape)
+        pattern = tuple((int(rng.integers(0, size)), int(rng.integers(1, 4))) for _ in range(rng.integers(1, 4)))
+        offset = int(rng.integers(0, size))
+        last = offset + sum(s * (c - 1) for s, c in pattern)
+        if last >= size:
+            continue
+        got = _box_without_carry(shape, astrides, offset, pattern)
+        if got is None:
+            declined += 1
+            continue
+        hits += 1
+        assert got == enumerated(shape, astrides, offset, pattern), (shape, offset, pattern)
+    assert hits > 300 and declined > 100
+    # a step that carries: 3 elements of stride 1 from column 3 of a 2 x 4 allocation
+    assert _box_without_carry((2, 4), (4, 1), 3, ((1, 3),)) is None
+    assert _box_without_carry((2, 4), (4, 1), 1, ((1, 3),)) == ((0, 1), (1, 4))
