@@ -13,7 +13,7 @@ installed, these modules otherwise): ``nki`` is ``trnopt.kernels.sim.nki``, ``nl
 
     python -m trnopt.kernels.sim run kernel.py::my_kernel --input 128x512:float32 --ranks 4 --lnc 2
 
-Modules: ``language`` / ``tiles`` (nl), ``isa`` / ``isa_vector`` (nisa), ``constants``
+Modules: ``language`` / ``tiles`` (nl), ``isa`` / ``isa_vector`` / ``isa_mx`` (nisa), ``constants``
 (nisa.constants), ``collectives`` (ncc), ``registers`` (runtime scalars), ``tensor``
 (views and access patterns), ``context`` (one core's memory and instruction issue),
 ``lnc`` (the programs of a logical core: shared HBM, barriers, races), ``runner`` (ranks,

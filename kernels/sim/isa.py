@@ -489,9 +489,8 @@ from .isa_vector import (activate2, affine_select, bn_aggr, bn_stats, dropout, e
                          reciprocal, scalar_tensor_tensor, select_reduce, sequence_bounds, tensor_copy_predicated,
                          tensor_partition_reduce, tensor_reduce, tensor_scalar_cumulative, tensor_scalar_reduce,
                          tensor_tensor_scan)
+from .isa_mx import nc_matmul_mx, quantize_mx  # noqa: E402,F401
 
 _unimplemented.fill(globals(), "nki.isa", why={
     "local_gather": "the 16-partition GpSimd gather layout is not simulated",
-    "nc_matmul_mx": "MX (microscaling) matmul is NeuronCore-v4 hardware; not simulated",
-    "quantize_mx": "MX quantization is NeuronCore-v4 hardware; not simulated",
 })
