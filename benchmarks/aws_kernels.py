@@ -554,17 +554,33 @@ LIB_CASES.append(_lib("core/attention/attention_bwd.py", "attention_bwd", _attn_
                       lambda a, kw, r, al: ref_attention_bwd(*a), rtol=3e-2, atol=3e-2,
                       post=lambda o: tuple(o[:3])))
 
-MX = "needs NeuronCore-v4 MX matmul / quantization (nisa.nc_matmul_mx, quantize_mx): Trn3 hardware, not simulated"
-LIB_CASES += [_lib(path, k, None, None, hardware_only=MX) for path, k in [
-    ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx"),
-    ("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid"),
-    ("core/moe/moe_cte/bwmm_shard_on_block_mx.py", "bwmm_shard_on_block_mx"),
-    ("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx"),
-    ("core/moe/moe_tkg/down_projection_mx.py", "load_broadcast_down_weight_scale_bias"),
-    ("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_projection_mx_shard_I"),
-    ("core/moe/moe_tkg/gate_up_projection_mx.py", "load_gate_up_weight_scale_bias"),
-    ("experimental/mxfp_subkernels/mxfp_load_utils.py", "mxfp_load_performance_wrapper"),
-]]
+def ref_mx_swizzled_quantize(t):
+    """The MX quantization of a BF16 [128, K] tensor as the mxfp load documents it: per 512-column
+    block b, partition c and x4 element i hold t[i, 512 b + 4 c + j] (j = 0..3); one scale per 8
+    partitions x one x4 element, 2 ** (floor(log2 amax) - 8 + 1) (twice the OCP sample scale, E4M3FN
+    emax 8, per "nki.isa.quantize_mx"); the data t / scale in FP8 E4M3FN."""
+    m, k = t.shape
+    x = t.astype(np.float32).reshape(m, k // 512, 128, 4).transpose(2, 1, 0, 3)  # [c, b, i, j]
+    amax = np.abs(x.reshape(16, 8, k // 512, m, 4)).max(axis=(1, 4))  # [c // 8, b, i]
+    e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 7, -127)
+    q = (x / np.exp2(e).repeat(8, axis=0)[..., None]).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scale_rows = (e + 127).astype(np.int64).reshape(16, -1)
+    return q.reshape(128, -1), scale_rows
+
+
+def _mx_data_scales(o: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(FP8 values [128, 4F] of the x4 data, the scale rows at partitions 32 q + g, g < 4)."""
+    data, scale = o
+    vals = np.ascontiguousarray(np.asarray(data)).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    rows = [32 * q + g for q in range(4) for g in range(4)]
+    return vals.reshape(128, -1), np.asarray(scale)[rows].astype(np.int64)
+
+
+LIB_CASES.append(_lib("experimental/mxfp_subkernels/mxfp_load_utils.py", "mxfp_load_performance_wrapper",
+                      lambda rng, r: ((rng.standard_normal((128, 1024)).astype(BF16)
+                                       * np.exp2(rng.integers(-8, 8, (128, 1))).astype(BF16),), {}),
+                      lambda a, kw, r, al: ref_mx_swizzled_quantize(a[0]), rtol=0, atol=0, post=_mx_data_scales))
+
 
 
 def _rg(n: int) -> Any:
