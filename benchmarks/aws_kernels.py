@@ -582,6 +582,75 @@ LIB_CASES.append(_lib("experimental/mxfp_subkernels/mxfp_load_utils.py", "mxfp_l
                       lambda a, kw, r, al: ref_mx_swizzled_quantize(a[0]), rtol=0, atol=0, post=_mx_data_scales))
 
 
+def _silu(z: np.ndarray) -> np.ndarray:
+    return z / (1 + np.exp(-z))
+
+
+def _moe_bwd_inputs(rng: np.random.Generator, r: int, t: int = 512, h: int = 256, i: int = 256, e: int = 2,
+                    block: int = 256) -> tuple[tuple, dict]:
+    """Top-1 routing, every block full (the dropless layout without skipped tokens); the
+    checkpoints are the forward pass's gate/up projections (transposed, [N, 2, I, B]) and
+    down projection (before the affinity, [N, B, H]), computed here in float64."""
+    x = (rng.standard_normal((t, h)) * 0.5).astype(BF16)
+    wg = (rng.standard_normal((e, h, 2, i)) * 0.05).astype(BF16)
+    wd = (rng.standard_normal((e, i, h)) * 0.05).astype(BF16)
+    n = t // block
+    # the kernel zeroes the affinity gradient [T * E] in halves (program p the p-th half, with
+    # no barrier before the first block) and program p handles the p-th 128-row tile of each
+    # block: tile p of every block takes tokens of the p-th half, so each program writes only
+    # gradients it zeroed itself (any token order within a block is a valid routing)
+    half, tile = t // 2, 128
+    lo, hi = rng.permutation(half), half + rng.permutation(half)
+    pos = np.concatenate([np.concatenate([lo[b * tile:(b + 1) * tile], hi[b * tile:(b + 1) * tile]])
+                          for b in range(t // block)]).astype(np.int32)
+    b2e = rng.integers(0, e, n).astype(np.int32)
+    aff = np.zeros((t, e), np.float32)
+    for b in range(n):
+        aff[pos[b * block:(b + 1) * block], b2e[b]] = rng.uniform(0.5, 1, block)
+    gu_t = np.zeros((n, 2, i, block))
+    down = np.zeros((n, block, h))
+    for b in range(n):
+        xb = x[pos[b * block:(b + 1) * block]].astype(np.float64)
+        gu = np.einsum("bh,hki->bki", xb, wg[b2e[b]].astype(np.float64))
+        gu_t[b] = gu.transpose(1, 2, 0)
+        down[b] = (_silu(gu[:, 0]) * gu[:, 1]) @ wd[b2e[b]].astype(np.float64)
+    dy = rng.standard_normal((t, h)).astype(BF16)
+    return (x, aff.reshape(-1, 1).astype(BF16), wg, wd, gu_t.astype(BF16), down.astype(BF16), pos,
+            b2e.reshape(-1, 1), dy, block), {}
+
+
+def ref_moe_bwd(x, aff, wg, wd, gu_t, down, pos, b2e, dy, block):
+    """Gradients of y[t] = a[t, e] * z, z = (silu(g) * u) Wd[e], g, u = x Wg[e], x Wu[e] (the
+    affinity on the H side): dz = a dy; da = sum_h dy z; dWd = act^T dz with act = silu(g) u;
+    d_act = dz Wd^T; dg = d_act u silu'(g), du = d_act silu(g); dWg, dWu = x^T dg, x^T du;
+    dx = dg Wg^T + du Wu^T. The gate/up values are the checkpoint's (as the kernel reads them)."""
+    x, wg, wd, dy = (a.astype(np.float64) for a in (x, wg, wd, dy))
+    e = wg.shape[0]
+    a = aff.astype(np.float64).reshape(-1, e)
+    dx, da, dwg, dwd = np.zeros_like(x), np.zeros_like(a), np.zeros_like(wg), np.zeros_like(wd)
+    for b in range(len(b2e)):
+        k, toks = int(b2e[b, 0]), pos[b * block:(b + 1) * block]
+        g, u = (gu_t[b, j].astype(np.float64).T for j in (0, 1))
+        dz = a[toks, k:k + 1] * dy[toks]
+        da[toks, k] += (dy[toks] * down[b].astype(np.float64)).sum(1)
+        sg = 1 / (1 + np.exp(-g))
+        act = g * sg * u
+        dwd[k] += act.T @ dz
+        d_act = dz @ wd[k].T
+        dg = d_act * u * sg * (1 + g * (1 - sg))
+        du = d_act * g * sg
+        dwg[k, :, 0] += x[toks].T @ dg
+        dwg[k, :, 1] += x[toks].T @ du
+        dx[toks] += dg @ wg[k, :, 0].T + du @ wg[k, :, 1].T
+    return dx, da.reshape(-1, 1), dwg, dwd
+
+
+# BF16 operands, the kernel's intermediate gradients stored in BF16 (8 significant bits)
+# between the stages: 2% of the tensor's scale
+LIB_CASES.append(_lib("experimental/moe/bwd/blockwise_mm_backward.py", "blockwise_mm_bwd", _moe_bwd_inputs,
+                      lambda a, kw, r, al: ref_moe_bwd(*a), lnc=2, rtol=2e-2, atol=1e-3,
+                      post=lambda o: tuple(o[:4])))
+
 
 def _rg(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
