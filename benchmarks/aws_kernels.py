@@ -50,6 +50,9 @@ class Case:
     hardware_only: str = ""  # why it cannot run on a CPU simulator (not counted)
     module: str | None = None  # import as a package module (nki-library)
     post: Callable[[Any], Any] | None = None  # the kernel's output into the reference's layout
+    # for subkernels that take or return SBUF tensors: kernel -> a small kernel written here
+    # that moves HBM arguments to SBUF, calls it, and copies its SBUF results to HBM
+    wrap: Callable[[Any], Any] | None = None
 
 
 def _f32(*shape: int) -> Callable[[np.random.Generator], np.ndarray]:
@@ -651,6 +654,171 @@ LIB_CASES.append(_lib("experimental/moe/bwd/blockwise_mm_backward.py", "blockwis
                       lambda a, kw, r, al: ref_moe_bwd(*a), lnc=2, rtol=2e-2, atol=1e-3,
                       post=lambda o: tuple(o[:4])))
 
+# --- MX (microscaling) operands, from the NKI reference pages "nki.isa.nc_matmul_mx" and
+# "nki.isa.quantize_mx": an x4 element packs 4 values (FP8: byte j of a little-endian 32-bit
+# container; FP4 E2M1: nibble j of 16 bits); a scale (uint8, 2 ** (byte - 127)) serves 8
+# partitions x the 4 values of one x4 element and sits on partition 32 q + g of the scale
+# tile for data partitions 32 q + 8 g .. + 8 (the leading 4 partitions of each quadrant);
+# HBM keeps the 16 scale rows compactly (row 4 q + g).
+_E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])  # OCP MX E2M1
+
+
+def _x4(kind: str) -> np.dtype:
+    import nki.language as nl  # the simulator's, after install()
+    return {"fp8": nl.float8_e4m3fn_x4, "fp4": nl.float4_e2m1fn_x4}[kind]
+
+
+def _mx_random(rng: np.random.Generator, shape: tuple, kind: str = "fp8") -> tuple[np.ndarray, np.ndarray]:
+    """Random x4 data of ``shape`` and its float64 values, ``shape + (4,)``."""
+    if kind == "fp4":
+        nib = rng.integers(0, 16, shape + (4,)).astype(np.uint16)
+        raw = (nib << (4 * np.arange(4, dtype=np.uint16))).sum(-1).astype(np.uint16)
+        return raw.view(_x4(kind)), _E2M1_VALUES[nib]
+    v = rng.standard_normal(shape + (4,)).astype(ml_dtypes.float8_e4m3fn)
+    raw = np.ascontiguousarray(v).view(np.uint8).view("<u4").reshape(shape)
+    return raw.view(_x4(kind)), v.astype(np.float64)
+
+
+def _scale_of_partition(scale_rows: np.ndarray) -> np.ndarray:
+    """[16, ...] compact scale bytes -> [128, ...] the factor of each data partition."""
+    p = np.arange(128)
+    return np.exp2(scale_rows.astype(np.float64) - 127)[4 * (p // 32) + (p % 32) // 8]
+
+
+def _scale_tile(rows: np.ndarray) -> np.ndarray:
+    """[16, ...] compact scale rows -> the [128, ...] SBUF tile (rows 32 q + g, others 0)."""
+    tile = np.zeros((128,) + rows.shape[1:], np.uint8)
+    for q in range(4):
+        tile[32 * q:32 * q + 4] = rows[4 * q:4 * q + 4]
+    return tile
+
+
+def _rows16(tile: Any) -> np.ndarray:
+    tile = np.asarray(tile)
+    return np.concatenate([tile[32 * q:32 * q + 4] for q in range(4)])
+
+
+def _mx_deq(data: Any, scale16: Any) -> np.ndarray:
+    """float64 values [128, ..., 4] of a kernel's x4 tile with its 16 compact scale rows."""
+    data = np.asarray(data)
+    if data.dtype.names[0].startswith("float4"):
+        bits = np.ascontiguousarray(data).view(np.uint16)
+        vals = _E2M1_VALUES[(bits[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF]
+    else:
+        bits = np.ascontiguousarray(data).view("<u4")
+        vals = bits[..., None].view(np.uint8).reshape(bits.shape + (4,)).view(ml_dtypes.float8_e4m3fn)
+        vals = vals.astype(np.float64)
+    return vals * _scale_of_partition(np.asarray(scale16))[..., None]
+
+
+def _raw(a: Any) -> np.ndarray:
+    """The bits of an array (x4 containers as unsigned integers), for exact comparisons."""
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.view(a.dtype[0]) if a.dtype.names else a
+
+
+def _to_hbm(t: Any) -> Any:
+    import nki.isa as nisa
+    import nki.language as nl
+    out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def _to_sbuf(t: Any) -> Any:
+    import nki.isa as nisa
+    import nki.language as nl
+    out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def _scale_to_hbm(t: Any) -> Any:
+    """A [128, ...] SBUF scale tile's 16 used rows (32 q + g, g < 4) to HBM [16, ...]."""
+    import nki.isa as nisa
+    import nki.language as nl
+    out = nl.ndarray((16,) + tuple(t.shape[1:]), dtype=t.dtype, buffer=nl.shared_hbm)
+    for q in range(4):
+        nisa.dma_copy(dst=out[4 * q:4 * q + 4], src=t[32 * q:32 * q + 4])
+    return out
+
+
+def _wrap_load_gate_up(kernel: Any) -> Any:
+    """HBM weight / scale / bias in, the SBUF weight, scale (used rows) and bias out; the
+    weight goes in as an nkilib TensorView, as the MoE TKG layer passes it."""
+    import nki
+    from nkilib.core.utils.tensor_view import TensorView
+
+    @nki.jit
+    def load_gate_up_wrapper(weight, scale, bias, expert_idx, gate_or_up_idx, H, n_tiles, I_local, I_offset):
+        w, sc, b = kernel(TensorView(weight), scale, bias, expert_idx=expert_idx, gate_or_up_idx=gate_or_up_idx,
+                          H=H, n_I512_tiles_local=n_tiles, I_local=I_local, I_offset=I_offset)
+        return _to_hbm(w), _scale_to_hbm(sc), _to_hbm(b)
+    return load_gate_up_wrapper
+
+
+def _load_gate_up_inputs(rng: np.random.Generator, r: int, e: int = 2, h: int = 1024, i: int = 1024):
+    w, _ = _mx_random(rng, (e, 128, 2, h // 512, i), "fp4")
+    scale = rng.integers(120, 135, (e, 16, 2, h // 512, i)).astype(np.uint8)
+    bias = rng.standard_normal((e, 128, 2, i // 512, 4)).astype(BF16)
+    # the second of two I-shards: tiles [1, 2) of I / 512
+    return (w, scale, bias), {"expert_idx": 1, "gate_or_up_idx": 1, "H": h, "n_tiles": 1, "I_local": 512,
+                              "I_offset": 512}
+
+
+def ref_load_gate_up(w, scale, bias, expert_idx, gate_or_up_idx, H, n_tiles, I_local, I_offset):
+    """The docstring's slices: weight[e, :, g, :, I_offset:+I_local] ([128_H, H/512, I_local]),
+    its 16 scale rows likewise, bias[e, :, g, I_offset/512 :+n_tiles, :]."""
+    sl = slice(I_offset, I_offset + I_local)
+    t0 = I_offset // 512
+    return (_raw(w[expert_idx, :, gate_or_up_idx, :, sl]), scale[expert_idx, :, gate_or_up_idx, :, sl],
+            bias[expert_idx, :, gate_or_up_idx, t0:t0 + n_tiles, :])
+
+
+def _wrap_load_down(kernel: Any) -> Any:
+    import nki
+    from nkilib.core.utils.tensor_view import TensorView
+
+    @nki.jit
+    def load_down_wrapper(weight, scale, bias, expert_idx, H, n_tiles, tile_offset, tile_T, use_pe):
+        w, sc, b = kernel(TensorView(weight), scale, bias, expert_idx=expert_idx, H=H, tile_I=128,
+                          n_I512_tiles=n_tiles, tile_offset=tile_offset, tile_T=tile_T, use_PE_bias_broadcast=use_pe)
+        return _to_hbm(w), _scale_to_hbm(sc), _to_hbm(b)
+    return load_down_wrapper
+
+
+def _load_down_inputs(use_pe: bool) -> Callable[[np.random.Generator, int], tuple[tuple, dict]]:
+    def make(rng: np.random.Generator, r: int, e: int = 2, i: int = 1024, h: int = 1024):
+        w, _ = _mx_random(rng, (e, 128, i // 512, h), "fp8")
+        scale = rng.integers(120, 135, (e, 16, i // 512, h)).astype(np.uint8)
+        bias = rng.standard_normal((e, h)).astype(BF16)
+        return (w, scale, bias), {"expert_idx": 1, "H": h, "n_tiles": 1, "tile_offset": 1, "tile_T": 8,
+                                  "use_pe": use_pe}
+    return make
+
+
+def ref_load_down(w, scale, bias, expert_idx, H, n_tiles, tile_offset, tile_T, use_pe):
+    """weight[e, :, tile_offset:+n_tiles, :], its 16 scale rows, the expert's bias row
+    broadcast to tile_T partitions (LNC 1: the whole H)."""
+    sl = slice(tile_offset, tile_offset + n_tiles)
+    return (_raw(w[expert_idx, :, sl]), scale[expert_idx, :, sl],
+            np.broadcast_to(bias[expert_idx], (tile_T, H)))
+
+
+def _raw_outputs(o: Any) -> tuple:
+    return tuple(_raw(x) for x in o)
+
+
+# data movement only: bit-exact (the PE broadcast multiplies BF16 bias values by 1.0 in FP32)
+LIB_CASES += [
+    _lib("core/moe/moe_tkg/gate_up_projection_mx.py", "load_gate_up_weight_scale_bias", _load_gate_up_inputs,
+         lambda a, kw, r, al: ref_load_gate_up(*a, **kw), rtol=0, atol=0, wrap=_wrap_load_gate_up,
+         post=_raw_outputs),
+    _lib("core/moe/moe_tkg/down_projection_mx.py", "load_broadcast_down_weight_scale_bias", _load_down_inputs(True),
+         lambda a, kw, r, al: ref_load_down(*a, **kw), rtol=0, atol=0, wrap=_wrap_load_down,
+         post=_raw_outputs),
+]
+
 
 def _rg(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
@@ -723,6 +891,8 @@ def _run_case(folder: Path, case: Case) -> Outcome:
     try:
         mod = _import(folder, case)
         kernel = getattr(mod, case.kernel)
+        if case.wrap:
+            kernel = case.wrap(kernel)
         per_rank = [case.inputs(np.random.default_rng(1000 + r), r) for r in range(case.ranks)]
         kwargs = per_rank[0][1]
         res = run_ranks(kernel, [a for a, _ in per_rank], lnc=case.lnc, kwargs=kwargs, timeout_s=120)
