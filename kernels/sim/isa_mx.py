@@ -34,6 +34,8 @@ _FP8_X4 = {"float8_e4m3fn_x4": (np.dtype(ml_dtypes.float8_e4m3fn), 8),
 _FP4_X4 = "float4_e2m1fn_x4"
 # the 16 values of an E2M1 nibble (sign, 2 exponent bits, 1 mantissa bit; OCP MX spec)
 _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+# "nki.isa.nc_matmul_mx", Tile size: the moving free size is bounded by the 8 PSUM banks
+MOVING_FMAX_MX = {"float32": 4096, "bfloat16": 8192}
 _SCALE_DTYPES = (np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e8m0fnu))
 
 
@@ -160,8 +162,9 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     """MXFP8/MXFP4 matrix multiplication with dequantization on the Tensor engine
     ("nki.isa.nc_matmul_mx", NKI 0.7; NeuronCore-v4).
 
-    stationary [K, M] and moving [K, N] x4 tiles in SBUF (K <= 128 partitions, 4K values of
-    contraction; M <= 128, N <= 512), their scales as quantize_mx writes them; dst [M, N]
+    stationary [K, M] and moving [K, N] x4 tiles in SBUF (K a multiple of 32 up to 128
+    partitions, 4K values of contraction; M even, at most 128; N at most 4096 for a float32
+    dst, 8192 for bfloat16: the whole PSUM), their scales as quantize_mx writes them; dst [M, N]
     float32 or bfloat16 in PSUM. ``accumulate`` as nc_matmul: None adds into written PSUM
     elements (fresh ones start at zero), True adds, False overwrites. tile_position and
     tile_size (row tiling) do not change the result or the timing."""
@@ -184,13 +187,19 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     if moving.partitions != k:
         raise ConstraintError(f"{w}: contraction (partition) dims differ: stationary {stationary.shape} vs "
                               f"moving {moving.shape}")
-    if m > rates.GEMM_STATIONARY_FMAX or n > rates.GEMM_MOVING_FMAX:
-        raise ConstraintError(f"{w}: stationary free size {m} (max {rates.GEMM_STATIONARY_FMAX}) or moving {n} "
-                              f"(max {rates.GEMM_MOVING_FMAX}) too large")
+    if k % 32:
+        raise ConstraintError(f"{w}: contraction partitions {k} must be a multiple of 32 (at most 128)")
+    if m > rates.GEMM_STATIONARY_FMAX or m % 2:
+        raise ConstraintError(f"{w}: stationary free size {m} must be even and at most {rates.GEMM_STATIONARY_FMAX}")
     if dst.partitions != m or checks.free_size(dst) != n:
         raise ConstraintError(f"{w}: result shape {dst.shape} != [{m}, {n}]")
     if dst.dtype not in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
         raise ConstraintError(f"{w}: result dtype {dst.dtype.name} must be float32 or bfloat16")
+    # the moving free size may span the whole PSUM (8 banks): 4096 float32 or 8192 bfloat16
+    # results ("nki.isa.nc_matmul_mx", Tile size)
+    n_max = MOVING_FMAX_MX[dst.dtype.name]
+    if n > n_max:
+        raise ConstraintError(f"{w}: moving free size {n} > {n_max} for a {dst.dtype.name} result")
     _check_scale(stationary_scale, stationary, w, "stationary_scale")
     _check_scale(moving_scale, moving, w, "moving_scale")
     reads = [stationary, moving] + [v for v, _ in _scale_row_views(stationary_scale, k)] + \

@@ -149,3 +149,55 @@ def short_scale_kernel(x):
 def test_quantize_mx_refuses_a_scale_tile_outside_the_quadrants():
     with pytest.raises(ConstraintError, match="dst_scale"):
         run_ranks(short_scale_kernel, [(np.ones((64, 16), BF16),)])
+
+
+@nki.jit
+def wide_mx_kernel(a_bits, b_bits, a_scale, b_scale, dst_dtype):
+    """One nc_matmul_mx with a moving free size past one PSUM bank: [M, N] in dst_dtype."""
+    k, m = a_bits.shape
+    n = b_bits.shape[1]
+    ops = []
+    for src, dt in ((a_bits, nl.float8_e4m3fn_x4), (b_bits, nl.float8_e4m3fn_x4), (a_scale, nl.uint8),
+                    (b_scale, nl.uint8)):
+        t = nl.ndarray(src.shape, dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        ops.append(t)
+    acc = nl.ndarray((m, n), dtype=dst_dtype, buffer=nl.psum)
+    nisa.nc_matmul_mx(dst=acc, stationary=ops[0], moving=ops[1], stationary_scale=ops[2], moving_scale=ops[3])
+    res = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def _fp8_x4_operands(rng, k, f, top=4):
+    vals = rng.integers(-top, top + 1, (k, f, 4)).astype(np.float32)
+    bits = np.ascontiguousarray(vals.astype(E4M3)).view(np.uint8).reshape(k, f, 4).view("<u4")[..., 0]
+    return bits.astype(np.uint32).view(nl.float8_e4m3fn_x4), vals
+
+
+@pytest.mark.parametrize("dst_dtype,n", [(nl.bfloat16, 1024), (nl.float32, 1024)])
+def test_nc_matmul_mx_moving_free_size_may_span_psum_banks(dst_dtype, n):
+    """"nki.isa.nc_matmul_mx", Tile size: the moving free size may reach 4096 (float32 dst) or
+    8192 (bfloat16 dst), the whole PSUM, not only one 512-element bank as nc_matmul's."""
+    rng = np.random.default_rng(5)
+    k, m = 32, 8
+    a_bits, a = _fp8_x4_operands(rng, k, m, 1)
+    b_bits, b = _fp8_x4_operands(rng, k, n, 1)
+    scales = (np.full((k, m), 127, np.uint8), np.full((k, n), 127, np.uint8))  # 2 ** 0
+    got = run_ranks(wide_mx_kernel, [(a_bits, b_bits) + scales], kwargs={"dst_dtype": dst_dtype}).outputs[0]
+    want = np.einsum("pmj,pnj->mn", a, b)  # integer sums of at most 128: exact in bfloat16
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("k,m,match", [(48, 8, "multiple of 32"), (128, 7, "even")])
+def test_nc_matmul_mx_refuses_partitions_off_32_and_odd_stationary_free_size(k, m, match):
+    """"nki.isa.nc_matmul_mx", Tile size: partitions a multiple of 32 up to 128; the stationary
+    free size even, at most 128."""
+    rng = np.random.default_rng(6)
+    a_bits, _ = _fp8_x4_operands(rng, k, m)
+    b_bits, _ = _fp8_x4_operands(rng, k, 16)
+    scales = (np.full((k, m), 127, np.uint8), np.full((k, 16), 127, np.uint8))
+    with pytest.raises(ConstraintError, match=match):
+        run_ranks(wide_mx_kernel, [(a_bits, b_bits) + scales], kwargs={"dst_dtype": nl.float32})
