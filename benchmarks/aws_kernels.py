@@ -819,6 +819,61 @@ LIB_CASES += [
          post=_raw_outputs),
 ]
 
+def _mx_operand(rng: np.random.Generator, shape: tuple, kind: str, exp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x4 data [128, ...], its [128, ...] SBUF scale tile, float64 values [128, ..., 4]):
+    scale exponents exp - 1 .. exp + 1."""
+    data, vals = _mx_random(rng, shape, kind)
+    rows = rng.integers(127 + exp - 1, 127 + exp + 2, (16,) + shape[1:]).astype(np.uint8)
+    return data, _scale_tile(rows), vals * _scale_of_partition(rows)[..., None]
+
+
+def _wrap_gate_up_mx(kernel: Any) -> Any:
+    import nki
+    from nkilib.core.utils.common_types import ActFnType
+
+    @nki.jit
+    def gate_up_mx_wrapper(xq, xs, wg, wu, wgs, wus, bg, bu):
+        q, sc = kernel(*(_to_sbuf(t) for t in (xq, xs, wg, wu, wgs, wus, bg, bu)), hidden_act_fn=ActFnType.SiLU)
+        return _to_hbm(q), _scale_to_hbm(sc)
+    return gate_up_mx_wrapper
+
+
+def _gate_up_mx_inputs(rng: np.random.Generator, r: int, h: int = 1024, i: int = 1024, t: int = 8):
+    xq, xs, _ = _mx_operand(rng, (128, h // 512, t), "fp8", 0)
+    wg, wgs, _ = _mx_operand(rng, (128, h // 512, i), "fp4", -6)
+    wu, wus, _ = _mx_operand(rng, (128, h // 512, i), "fp4", -6)
+    bg, bu = (rng.standard_normal((128, i // 512, 4)).astype(BF16) for _ in range(2))
+    return (xq, xs, wg, wu, wgs, wus, bg, bu), {}
+
+
+def ref_gate_up_mx(xq, xs, wg, wu, wgs, wus, bg, bu):
+    """silu(W_g^T x + b_g) * (W_u^T x + b_u) with the MX operands dequantized: the contraction
+    runs over H = (partition, H/512 tile, x4 value); weight column c of I/512 tile k is
+    I index 512 k + c, output partition c % 128, x4 value c // 128 (the "[16_I * 8_I, I/512,
+    T], 4_I packed" layout of the docstring; the bias likewise). Output [128, I/512, T, 4]."""
+    x = _mx_deq(xq, _rows16(xs))  # [128, H/512, T, 4]
+    out = []
+    for w, ws, b in ((wg, wgs, bg), (wu, wus, bu)):
+        wv = _mx_deq(w, _rows16(ws))  # [128, H/512, I, 4]
+        y = np.einsum("phcj,phtj->ct", wv, x)  # [I, T]
+        k = y.shape[0] // 512
+        y = y.reshape(k, 4, 128, -1).transpose(2, 0, 3, 1)  # [128, I/512, T, 4]
+        out.append(y + b.astype(np.float64)[:, :, None, :])
+    g, u = out
+    return g / (1 + np.exp(-g)) * u
+
+
+def _gate_up_mx_out(o: Any) -> np.ndarray:
+    return _mx_deq(o[0], o[1])
+
+
+# the output is MXFP8 E4M3 (3 mantissa bits: rounding within 1/16 of a value; values far
+# below their group's largest lose more, bounded by the 1/16 of the tensor's scale the
+# comparison adds); BF16 PSUM and activation add ~1/256
+LIB_CASES.append(_lib("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_projection_mx_shard_I",
+                      _gate_up_mx_inputs, lambda a, kw, r, al: ref_gate_up_mx(*a), rtol=1 / 16, atol=0,
+                      wrap=_wrap_gate_up_mx, post=_gate_up_mx_out))
+
 
 def _rg(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
