@@ -874,6 +874,46 @@ LIB_CASES.append(_lib("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_proj
                       _gate_up_mx_inputs, lambda a, kw, r, al: ref_gate_up_mx(*a), rtol=1 / 16, atol=0,
                       wrap=_wrap_gate_up_mx, post=_gate_up_mx_out))
 
+def _wrap_down_mx(kernel: Any) -> Any:
+    """The SBUF operands in, out_sb allocated here, the result through the kernel's HBM spill
+    (out_hbm); one expert, first and last."""
+    import nki
+    import nki.language as nl
+
+    @nki.jit
+    def down_mx_wrapper(act, act_scale, w, w_scale, bias, aff, expert_idx):
+        t, h = act.shape[2], w.shape[2]
+        out_sb = nl.ndarray((t, 1, h), dtype=nl.bfloat16, buffer=nl.sbuf)
+        out_hbm = nl.ndarray((t, h), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        kernel(*(_to_sbuf(x) for x in (act, act_scale, w, w_scale, bias, aff)), expert_idx=expert_idx, out_sb=out_sb,
+               out_hbm=out_hbm, is_first_expert=True, is_last_expert=True)
+        return out_hbm
+    return down_mx_wrapper
+
+
+def _down_mx_inputs(rng: np.random.Generator, r: int, i: int = 1024, h: int = 1024, t: int = 8, e: int = 2):
+    act, act_s, _ = _mx_operand(rng, (128, i // 512, t), "fp8", 0)
+    w, ws, _ = _mx_operand(rng, (128, i // 512, h), "fp4", -6)
+    # the bias as load_broadcast_down_weight_scale_bias leaves it: one row on each of T partitions
+    bias = np.broadcast_to(rng.standard_normal((1, h)), (t, h)).astype(BF16)
+    aff = rng.uniform(0, 1, (t, e)).astype(BF16)
+    return (act, act_s, w, ws, bias, aff), {"expert_idx": 1}
+
+
+def ref_down_mx(act, act_s, w, ws, bias, aff, expert_idx):
+    """out[t, h] = affinity[t, e] * (sum over I of act[i, t] W[i, h] + bias[h]), I = (partition,
+    I/512 tile, x4 value) of both MX operands."""
+    a = _mx_deq(act, _rows16(act_s))  # [128, I/512, T, 4]
+    wv = _mx_deq(w, _rows16(ws))  # [128, I/512, H, 4]
+    y = np.einsum("pktj,pkhj->th", a, wv) + bias.astype(np.float64)
+    return aff.astype(np.float64)[:, expert_idx:expert_idx + 1] * y
+
+
+# BF16 PSUM accumulating the I tiles, BF16 bias add, affinity scaling and output (8
+# significant bits, a few roundings): 2% of the tensor's scale
+LIB_CASES.append(_lib("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx", _down_mx_inputs,
+                      lambda a, kw, r, al: ref_down_mx(*a, **kw), rtol=2e-2, atol=0, wrap=_wrap_down_mx))
+
 
 def _rg(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
