@@ -179,6 +179,7 @@ class CoreContext:
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
         """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
         tensor the rank's programs share, judged at the next barrier: see ``lnc``)."""
+        _refuse_oob(v)
         # A snapshot: the other program of an LNC=2 rank runs in its own thread and may
         # write the shared tensor between the test and the report.
         mask = np.array(v.written_mask())
@@ -198,6 +199,7 @@ class CoreContext:
         """Data and written mask of ``v`` for an instruction that only moves data (a
         transpose): unwritten elements move along as unwritten, to be refused where they
         are used; a source with no written element at all is refused here."""
+        _refuse_oob(v)
         mask = np.array(v.written_mask())  # a snapshot, as in ``read``
         if mask.all():
             return v.array(), None
@@ -207,16 +209,21 @@ class CoreContext:
 
     def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray | None) -> None:
         """Write ``value``; ``mask`` (None: all) says which of its elements hold written data."""
+        _refuse_oob(v)
         v.assign(value)
         v.set_written(True if mask is None else np.asarray(mask).reshape(v.shape))
 
     def write(self, v: NkiTensor, value: np.ndarray) -> None:
+        _refuse_oob(v)
         v.assign(value)
         v.set_written(True)
 
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Liveness of on-chip operands (``check_capacity``) and cross-program checks of an
         instruction's operands."""
+        for views in (reads, writes):
+            for v in views:
+                _refuse_oob(v)
         seq = len(self._labels)
         self._labels.append(op)  # str only: no new GC-tracked object per instruction
         if name is not None:
@@ -249,3 +256,10 @@ class CoreContext:
         start, end = tl.dma(nbytes, tl.ready(reads, writes), op, name)
         tl.record(reads, writes, end, end)
         return start, end
+
+
+def _refuse_oob(v: NkiTensor) -> None:
+    """A gather/scatter view with out-of-bounds indices: an error for every instruction but a
+    DMA with oob_mode.skip (which passes only the in-bounds rows)."""
+    if v._oob is not None:
+        raise ConstraintError(v._oob[1])

@@ -89,12 +89,51 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     w = ctx.where("dma_copy", name)
     dst, src = checks.tensor_arg(dst, w, "dst"), checks.tensor_arg(src, w, "src")
     checks.dma(dst, src, w)
+    if getattr(oob_mode, "name", oob_mode) == "skip" and (src._oob is not None or dst._oob is not None):
+        return _dma_copy_skipping(ctx, w, dst, src, name)
     if ctx.numerics:
         data = ctx.read(src, "dma_copy", name, "src")
         if src.dtype != dst.dtype:
             data = _f32(data)
         ctx.write(dst, data.reshape(dst.shape))
     return _done("dma_copy", name, ctx.issue_dma("dma_copy", name, src.nbytes, [src], [dst]))
+
+
+def _dma_copy_skipping(ctx, w: str, dst, src, name):
+    """dma_copy with oob_mode.skip and a gather (src) or scatter (dst) view holding
+    out-of-bounds indices: those partitions transfer nothing ("nki.isa.dma_copy": "skip the DMA
+    transfer for a given dynamic address or index when it is out of bound"); the other side's
+    partitions correspond one to one."""
+    side, other = (src, dst) if src._oob is not None else (dst, src)
+    if other._oob is not None:
+        raise NotImplementedError(f"{w}: out-of-bounds indices in both src and dst are not simulated")
+    if other.shape[0] != side.shape[0]:
+        raise NotImplementedError(f"{w}: skipping out-of-bounds rows needs the other side's first dim to be the "
+                                  f"{side.shape[0]} indexed partitions, got shape {other.shape}")
+    keep = ~side._oob[0]
+    runs, p = [], 0
+    while p < keep.size:
+        if keep[p]:
+            q = p
+            while q < keep.size and keep[q]:
+                q += 1
+            runs.append((p, q))
+            p = q
+        else:
+            p += 1
+    pairs = []
+    for p0, p1 in runs:
+        s_, o_ = side._gather_partitions(p0, p1), other[p0:p1]
+        pairs.append((s_, o_) if side is src else (o_, s_))
+    if ctx.numerics:
+        for s_, d_ in pairs:
+            data = ctx.read(s_, "dma_copy", name, "src")
+            if s_.dtype != d_.dtype:
+                data = _f32(data)
+            ctx.write(d_, data.reshape(d_.shape))
+    nbytes = sum(s_.nbytes for s_, _ in pairs)
+    return _done("dma_copy", name, ctx.issue_dma("dma_copy", name, nbytes, [s_ for s_, _ in pairs],
+                                                 [d_ for _, d_ in pairs]))
 
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,

@@ -114,7 +114,8 @@ class NkiTensor:
     integer index. Both serve the dependency tracking of the timeline (``box``).
     """
 
-    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype", "_dyn", "_rows")
+    __slots__ = ("alloc", "offset", "pattern", "_dims", "_fixed", "_box", "_shape", "lanes", "_dtype", "_dyn", "_rows",
+                 "_oob")
 
     def __init__(self, alloc: Allocation, offset: int = 0,
                  pattern: tuple[tuple[int, int], ...] | None = None,
@@ -134,6 +135,9 @@ class NkiTensor:
         self._dtype: np.dtype | None = None  # a reinterpreting view: offset and pattern count these elements
         self._dyn = False  # the offset depends on a runtime value: the dependency box is the whole tensor
         self._rows: np.ndarray | None = None  # a gather view: the element offset of each partition's row
+        # a gather view with out-of-bounds indices: (partitions out of bounds, the error message);
+        # refused by every instruction except a DMA with oob_mode.skip, which skips those rows
+        self._oob: tuple[np.ndarray, str] | None = None
 
     # --- attributes of the reference NkiTensor ---------------------------------------------
     @property
@@ -367,14 +371,28 @@ class NkiTensor:
         view = NkiTensor(self.alloc, base, pat)
         view._rows = base + idx * stride
         free = view._free_offsets()
-        lo, hi = int(view._rows.min()) + int(free.min()), int(view._rows.max()) + int(free.max())
-        if lo < 0 or hi >= self.alloc.size:
-            bad = int(np.argmax((view._rows + free.max() >= self.alloc.size) | (view._rows + free.min() < 0)))
-            raise ConstraintError(f"{w}: vector_offset index {int(idx[bad])} of partition {bad} reaches outside "
-                                  f"tensor {self.alloc.label()} of {self.alloc.size} elements (shape "
-                                  f"{self.alloc.shape})")
+        # an index is out of bounds when negative or when its row reaches outside the tensor;
+        # the DMA using the view decides: an error, or with oob_mode.skip no transfer for that
+        # index ("nki.isa.dma_copy": oob_mode)
+        oob = (idx < 0) | (view._rows + int(free.min()) < 0) | (view._rows + int(free.max()) >= self.alloc.size)
+        if oob.any():
+            bad = int(np.argmax(oob))
+            view._oob = (oob, f"{w}: vector_offset index {int(idx[bad])} of partition {bad} reaches outside "
+                              f"tensor {self.alloc.label()} of {self.alloc.size} elements (shape "
+                              f"{self.alloc.shape})")
+            # rows kept addressable (an in-bounds row); no instruction reads or writes them
+            view._rows = np.where(oob, int(view._rows[~oob][0]) if (~oob).any() else 0, view._rows)
         view._dyn = True
         view._box = tuple((0, n) for n in self.alloc.shape)
+        return view
+
+    def _gather_partitions(self, p0: int, p1: int) -> "NkiTensor":
+        """Partitions [p0, p1) of a gather view (their rows; a DMA skipping out-of-bounds rows)."""
+        (ps, _), rest = self.pattern[0], self.pattern[1:]
+        view = NkiTensor(self.alloc, self.offset, ((ps, p1 - p0),) + rest)
+        view._rows = self._rows[p0:p1]
+        view._dyn = True
+        view._box = self._box
         return view
 
     def _free_offsets(self) -> np.ndarray:
