@@ -914,6 +914,93 @@ def ref_down_mx(act, act_s, w, ws, bias, aff, expert_idx):
 LIB_CASES.append(_lib("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx", _down_mx_inputs,
                       lambda a, kw, r, al: ref_down_mx(*a, **kw), rtol=2e-2, atol=0, wrap=_wrap_down_mx))
 
+def _x4_values(data: np.ndarray) -> np.ndarray:
+    """float64 values [..., 4] of x4 data (FP8 E4M3FN bytes or FP4 E2M1 nibbles)."""
+    if data.dtype.names[0].startswith("float4"):
+        bits = np.ascontiguousarray(data).view(np.uint16)
+        return _E2M1_VALUES[(bits[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF]
+    bits = np.ascontiguousarray(data).view("<u4")
+    return bits[..., None].view(np.uint8).reshape(bits.shape + (4,)).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _mx_weights_dense(gw, gs, dw, ds_):
+    """The dense float64 weights of the CTE MX layouts: gate/up [E, 128, 2, H/512, I] x4
+    (4_H packed: partition p, H/512 tile k, x4 value j hold H index j * H/4 + 128 k + p, H
+    folded 4x as the kernels' docstrings describe) with scales [E, 16, 2, H/512, I]; down
+    [E, 128, I/512, H] x4 (4_I packed: I index 512 k + 128 j + p) with scales
+    [E, 16, I/512, H]; scale row 4 (p // 32) + (p % 32) // 8 serves data partition p.
+    Returns wg [E, H, 2, I], wd [E, I, H]."""
+    p_ = np.arange(128)
+    row = 4 * (p_ // 32) + (p_ % 32) // 8
+    g64 = _x4_values(gw) * np.exp2(gs[:, row].astype(np.float64) - 127)[..., None]  # [E, 128, 2, K, I, 4]
+    e, _, _, k, i, _ = g64.shape
+    wg = g64.transpose(0, 5, 3, 1, 2, 4).reshape(e, 512 * k, 2, i)
+    d64 = _x4_values(dw) * np.exp2(ds_[:, row].astype(np.float64) - 127)[..., None]  # [E, 128, I/512, H, 4]
+    wd = d64.transpose(0, 2, 4, 1, 3).reshape(e, i, d64.shape[3])
+    return wg, wd
+
+
+def _moe_mx_inputs(block: int = 256, h: int = 512, i: int = 1024, e: int = 4, kind: str = "fp4") -> Any:
+    """_moe_inputs' routing and hidden states with random MX weights (scales 2 ** -8 .. 2 ** -6)."""
+    def make(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+        from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+        (x, aff, _, _, _, pos, b2e), _ = _moe_inputs(block)(rng, r, h=h, e=e, i=i)
+        gw, _ = _mx_random(rng, (e, 128, 2, h // 512, i), kind)
+        gs = rng.integers(127 - 8, 127 - 5, (e, 16, 2, h // 512, i)).astype(np.uint8)
+        dw, _ = _mx_random(rng, (e, 128, i // 512, h), kind)
+        ds_ = rng.integers(127 - 8, 127 - 5, (e, 16, i // 512, h)).astype(np.uint8)
+        bgu = (rng.standard_normal((e, 128, 2, i // 512, 4)) * 0.1).astype(BF16)
+        # a zero down-projection bias: the shard-on-I kernels add it on both I-shards before
+        # summing their partial products (so a nonzero bias counts twice), although
+        # down_projection_mx_shard_I's docstring says program 0 alone adds it
+        bd = np.zeros((e, h), BF16)
+        return (x, aff, gw, dw, pos, b2e), {
+            "gate_and_up_proj_bias": bgu, "down_proj_bias": bd,
+            "gate_up_proj_scale": gs, "down_proj_scale": ds_, "block_size": block,
+            "expert_affinities_scaling_mode": ExpertAffinityScaleMode.POST_SCALE}
+    return make
+
+
+def ref_moe_mx(x, aff, gw, dw, pos, b2e, gate_up_proj_scale, down_proj_scale, block_size, gate_and_up_proj_bias,
+               down_proj_bias, **kw):
+    """out[t] = a[t, e] * ((silu(x Wg + bg) * (x Wu + bu)) Wd + bd) of the token's expert, with
+    the dequantized MX weights; the gate/up bias [E, 128, 2, I/512, 4] is 4_I packed like the
+    down weight's rows (I index 512 k + 128 j + p). The kernel quantizes the hidden states and
+    the intermediate to MXFP8 itself; the reference keeps them exact."""
+    wg, wd = _mx_weights_dense(gw, gate_up_proj_scale, dw, down_proj_scale)
+    e, i = wg.shape[0], wg.shape[-1]
+    bgu = gate_and_up_proj_bias.astype(np.float64).transpose(0, 2, 3, 4, 1).reshape(e, 2, i)
+    x = x.astype(np.float64)
+    a = aff.astype(np.float64).reshape(-1, e)
+    t = x.shape[0] - 1
+    out = np.zeros((t, x.shape[1]))
+    for tok in range(t):
+        k = int(np.argmax(a[tok]))
+        g, u = x[tok] @ wg[k, :, 0] + bgu[k, 0], x[tok] @ wg[k, :, 1] + bgu[k, 1]
+        out[tok] = a[tok, k] * (((g / (1 + np.exp(-g))) * u) @ wd[k] + down_proj_bias[k].astype(np.float64))
+    return out
+
+
+def _hybrid_mx(make: Any) -> Any:
+    """The hybrid kernel's inputs: conditions [N+1] (1: a block with tokens, last 0) first."""
+    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+        args, kw = make(rng, r)
+        x, pos, block = args[0], args[4], kw["block_size"]
+        blocks = pos.reshape(-1, block)
+        cond = np.concatenate([(blocks != x.shape[0] - 1).any(1), [False]]).astype(np.int32)
+        return (cond,) + args, kw
+    return inputs
+
+
+# the kernel quantizes the hidden states and the intermediate to MXFP8 E4M3 (3 mantissa bits:
+# each operand within 1/16 of itself, its group's small values coarser); the reference keeps
+# them exact: 1/16 of the value plus 1/16 of the tensor's scale
+LIB_CASES.append(_lib("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx",
+                      _moe_mx_inputs(), lambda a, kw, r, al: ref_moe_mx(*a, **kw), lnc=2, rtol=1 / 16, atol=0,
+                      post=_moe_out))
+LIB_CASES.append(_lib("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid",
+                      _hybrid_mx(_moe_mx_inputs()), lambda a, kw, r, al: ref_moe_mx(*a[1:], **kw), lnc=2,
+                      rtol=1 / 16, atol=0, post=_moe_out))
 
 def _rg(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
