@@ -210,13 +210,21 @@ class CoreContext:
     def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray | None) -> None:
         """Write ``value``; ``mask`` (None: all) says which of its elements hold written data."""
         _refuse_oob(v)
-        v.assign(value)
+        self._assign(v, value)
         v.set_written(True if mask is None else np.asarray(mask).reshape(v.shape))
 
     def write(self, v: NkiTensor, value: np.ndarray) -> None:
         _refuse_oob(v)
-        v.assign(value)
+        self._assign(v, value)
         v.set_written(True)
+
+    def _assign(self, v: NkiTensor, value: np.ndarray) -> None:
+        """Store ``value``; in a tensor the rank's programs share, noting (atomically) which
+        elements the write changes, for the race check of the instruction (``lnc``)."""
+        if self.lnc > 1 and self.shared_hbm.is_tracked(v.alloc):
+            self.shared_hbm.write(self.program, v, value)
+        else:
+            v.assign(value)
 
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Liveness of on-chip operands (``check_capacity``) and cross-program checks of an

@@ -13,8 +13,11 @@ The simulator makes every run deterministic by refusing such races instead of re
 them by thread timing: in numerics mode each shared allocation keeps, per element, which
 programs wrote and read it since the last synchronisation of the rank's programs, and an
 access that conflicts with another program's access in that interval raises
-``RaceError`` naming both programs and instructions, whichever thread comes first (two
-writes of the same values are no conflict: memory ends the same in either order). A read
+``RaceError`` naming both programs and instructions, whichever thread comes first. A
+write that leaves the values as they were conflicts with nothing but another program's
+writes of other values (two writes of the same values, or both programs copying a tensor
+onto itself: memory and every read end the same in either order); whether a write changes
+values is noted atomically with the write. A read
 of shared elements nothing has written yet is not judged at once (the other program may
 be about to write them, which is a race, not a read of unwritten memory): it is recorded,
 a later write of those elements by another program in the same interval is a
@@ -50,9 +53,13 @@ class SharedHbm:
         self.programs = programs
         self._lock = threading.Lock()
         self._allocs: dict[int, Allocation] = {}
-        self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, dict, np.ndarray]] = {}
+        # alloc id -> (allocation, per element: programs that wrote / read / changed it since the
+        # last synchronisation (bit p: program p), who did what, the data after the last write)
+        self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, np.ndarray, dict, np.ndarray]] = {}
         self._unwritten: list[tuple[int, int, str, NkiTensor, np.ndarray]] = []  # (program, seq, message, view, mask)
         self._seq = 0
+        # (program, id of the view) -> the elements its latest write changed (``write``)
+        self._changed: dict[tuple[int, int], np.ndarray] = {}
 
     def is_tracked(self, alloc: Allocation) -> bool:
         return alloc.id in self._tracked
@@ -87,12 +94,30 @@ class SharedHbm:
             with self._lock:
                 if alloc.id not in self._tracked:
                     z = np.zeros(alloc.size, dtype=np.uint8)
-                    self._tracked[alloc.id] = (alloc, z, z.copy(), {}, np.array(alloc.data))
+                    self._tracked[alloc.id] = (alloc, z, z.copy(), z.copy(), {}, np.array(alloc.data))
+
+    def write(self, program: int, v: NkiTensor, value: np.ndarray) -> None:
+        """Store ``value`` in ``v`` of a tracked tensor and note which elements it changed,
+        both under the lock (the other program's thread may write the same elements)."""
+        with self._lock:
+            sel = v._gather_index() if v._rows is not None else None
+            before = np.array(self._values(v, v.alloc.data, sel))  # a copy (a reinterpreting view: all of it)
+            v.assign(value)
+            now = self._values(v, v.alloc.data, sel)
+            self._changed[(program, id(v))] = ~((now == before) | ((now != now) & (before != before)))
 
     def access(self, program: int, label: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Check and record one instruction's accesses of tracked tensors."""
         if not self._tracked:
             return
+        try:
+            self._access(program, label, reads, writes)
+        finally:
+            with self._lock:
+                for key in [k for k in self._changed if k[0] == program]:
+                    del self._changed[key]
+
+    def _access(self, program: int, label: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         bit = np.uint8(1 << program)
         with self._lock:
             for views, writing in ((reads, False), (writes, True)):
@@ -100,27 +125,35 @@ class SharedHbm:
                     entry = self._tracked.get(v.alloc.id)
                     if entry is None:
                         continue
-                    alloc, wmask, rmask, who, seen = entry
+                    alloc, wmask, rmask, cmask, who, seen = entry
                     # gather views: their elements; a reinterpreting view: its whole allocation
                     sel = v._gather_index() if v._rows is not None else None
                     if sel is not None:
-                        w, r = wmask[sel], rmask[sel]
+                        w, r, c = wmask[sel], rmask[sel], cmask[sel]
                     elif v._dtype is None:
-                        w, r = v._strided(wmask), v._strided(rmask)
+                        w, r, c = v._strided(wmask), v._strided(rmask), v._strided(cmask)
                     else:
-                        w, r = wmask, rmask
-                    other = (w | r) if writing else w
-                    clash = np.bitwise_and(other, np.uint8(~bit & 0xFF))
-                    settled = None
-                    if writing and clash.any() and not np.bitwise_and(r, np.uint8(~bit & 0xFF)).any():
-                        # only writes of the other program: the same values written twice give
-                        # the same memory whatever the order (e.g. both programs zeroing a
-                        # buffer); such elements count as settled before this interval
-                        now = self._values(v, alloc.data, sel)
-                        before = self._values(v, seen, sel)
-                        same = (now == before) | ((now != now) & (before != before))
-                        settled = same & (clash != 0)
-                        clash = np.where(same, np.uint8(0), clash)
+                        w, r, c = wmask, rmask, cmask
+                    others = np.uint8(~bit & 0xFF)
+                    # a read conflicts with another program's writes that changed values; a
+                    # write conflicts with another program's reads and writes unless it
+                    # leaves the values as they were (then every order gives the same memory
+                    # and the same reads: e.g. both programs zeroing a buffer, or copying a
+                    # tensor onto itself)
+                    clash = np.bitwise_and((w | r) if writing else c, others)
+                    settled = changed = None
+                    if writing:
+                        changed = self._changed.get((program, id(v)))
+                        if changed is None or changed.shape != w.shape:
+                            # written other than through the context (or a different view of
+                            # it): against the data after the last recorded write
+                            now = self._values(v, alloc.data, sel)
+                            before = self._values(v, seen, sel)
+                            changed = ~((now == before) | ((now != now) & (before != before)))
+                        same = ~changed
+                        if clash.any():
+                            settled = same & (np.bitwise_and(w, others) != 0)
+                            clash = np.where(same, np.uint8(0), clash)
                     if clash.any():
                         first = tuple(int(i) for i in np.argwhere(clash)[0])
                         peer = int(np.log2(int(clash[first]) & -int(clash[first])))
@@ -133,12 +166,19 @@ class SharedHbm:
                     if sel is not None:
                         target = wmask if writing else rmask
                         target[sel] |= bit
+                        if writing:
+                            cmask[sel[changed]] |= bit
                         if settled is not None:
                             wmask[sel[settled]] = 0
+                            cmask[sel[settled]] &= np.uint8(bit)
                     else:
                         (w if writing else r)[...] |= bit
+                        if writing:
+                            c[...] |= np.where(changed, bit, np.uint8(0)).astype(np.uint8)
                         if settled is not None:
                             (w if v._dtype is None else wmask)[settled] = 0
+                            cc = c if v._dtype is None else cmask
+                            cc[settled] &= np.uint8(bit)
                     if writing:
                         self._store(v, seen, alloc.data, sel)
                     who[program] = f"{'wrote' if writing else 'read'} in {label}"
@@ -185,7 +225,8 @@ class SharedHbm:
         """Every program passed a barrier: earlier accesses are ordered before later ones."""
         self.check_unwritten()
         with self._lock:
-            for _, wmask, rmask, who, _ in self._tracked.values():
+            for _, wmask, rmask, cmask, who, _ in self._tracked.values():
                 wmask.fill(0)
                 rmask.fill(0)
+                cmask.fill(0)
                 who.clear()

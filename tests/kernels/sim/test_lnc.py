@@ -150,3 +150,38 @@ def one_core_barrier(x):
 
 def test_a_barrier_of_one_core_at_lnc1_waits_for_no_one():
     nki.simulate(one_core_barrier)(np.zeros((2, 2), np.float32))
+
+
+@nki.jit
+def halves_then_self_copy(x, changing):
+    """Each program writes its half, a barrier, then both copy the whole output onto itself
+    (``changing``: program 1 writes other values instead, a real race with program 0's copy)."""
+    p = nl.program_id(0)
+    rows = x.shape[0] // 2
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm, name="out")
+    t = nl.ndarray((rows, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[p * rows:(p + 1) * rows, :])
+    nisa.dma_copy(dst=out[p * rows:(p + 1) * rows, :], src=t)
+    nisa.core_barrier(data=out, cores=(0, 1))
+    if changing and p == 1:
+        z = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=z, value=-1.0)
+        nisa.dma_copy(dst=out, src=z)
+    else:
+        nisa.dma_copy(dst=out, src=out)
+    return out
+
+
+def test_a_write_that_leaves_the_values_is_no_race_with_the_other_programs_reads():
+    """Both programs copying the tensor onto itself: each reads what the other writes with no
+    barrier, but the writes leave memory as it was, so every order reads and leaves the same."""
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for _ in range(3):
+        np.testing.assert_array_equal(nki.simulate(halves_then_self_copy[2])(x, False), x)
+
+
+def test_a_write_that_changes_values_races_with_the_other_programs_reads():
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for _ in range(3):
+        with pytest.raises(RaceError, match="no nisa.core_barrier"):
+            nki.simulate(halves_then_self_copy[2])(x, True)
