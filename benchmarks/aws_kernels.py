@@ -963,7 +963,8 @@ def _moe_mx_inputs(block: int = 256, h: int = 512, i: int = 1024, e: int = 4, ki
 
 def ref_moe_mx(x, aff, gw, dw, pos, b2e, gate_up_proj_scale, down_proj_scale, block_size, gate_and_up_proj_bias,
                down_proj_bias, **kw):
-    """out[t] = a[t, e] * ((silu(x Wg + bg) * (x Wu + bu)) Wd + bd) of the token's expert, with
+    """out[t] = a[t, e] * ((silu(g) * u) Wd + bd), g = x Wg + bg and u = x Wu + bu (each clamped
+    to its limits when given) of the token's expert, with
     the dequantized MX weights; the gate/up bias [E, 128, 2, I/512, 4] is 4_I packed like the
     down weight's rows (I index 512 k + 128 j + p). The kernel quantizes the hidden states and
     the intermediate to MXFP8 itself; the reference keeps them exact."""
@@ -977,6 +978,8 @@ def ref_moe_mx(x, aff, gw, dw, pos, b2e, gate_up_proj_scale, down_proj_scale, bl
     for tok in range(t):
         k = int(np.argmax(a[tok]))
         g, u = x[tok] @ wg[k, :, 0] + bgu[k, 0], x[tok] @ wg[k, :, 1] + bgu[k, 1]
+        g = np.clip(g, kw.get("gate_clamp_lower_limit") or -np.inf, kw.get("gate_clamp_upper_limit") or np.inf)
+        u = np.clip(u, kw.get("up_clamp_lower_limit") or -np.inf, kw.get("up_clamp_upper_limit") or np.inf)
         out[tok] = a[tok, k] * (((g / (1 + np.exp(-g))) * u) @ wd[k] + down_proj_bias[k].astype(np.float64))
     return out
 
@@ -998,6 +1001,23 @@ def _hybrid_mx(make: Any) -> Any:
 LIB_CASES.append(_lib("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx",
                       _moe_mx_inputs(), lambda a, kw, r, al: ref_moe_mx(*a, **kw), lnc=2, rtol=1 / 16, atol=0,
                       post=_moe_out))
+def _with_clamps(make: Any, limit: float = 8.0) -> Any:
+    """Gate and up clamp limits +-limit: bwmm_shard_on_block_mx issues its clamp
+    tensor_scalar with op0=None when no limit is given, which "nki.isa.tensor_scalar" does not
+    define (op0 is required there)."""
+    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
+        args, kw = make(rng, r)
+        return args, {**kw, "gate_clamp_upper_limit": limit, "gate_clamp_lower_limit": -limit,
+                      "up_clamp_upper_limit": limit, "up_clamp_lower_limit": -limit}
+    return inputs
+
+
+LIB_CASES.append(_lib("core/moe/moe_cte/bwmm_shard_on_block_mx.py", "bwmm_shard_on_block_mx",
+                      _with_clamps(_moe_mx_inputs(128)),
+                      lambda a, kw, r, al: (ref_moe_mx(*a, **kw), np.zeros(a[0].shape)), lnc=2, rtol=1 / 16, atol=0,
+                      # [2, T+1, H]: the programs' partial outputs, reduced into [0] with [1] zeroed
+                      # (reduce_outputs' docstring); the padding row dropped
+                      post=lambda o: (np.asarray(o)[0, :-1].astype(np.float64), np.asarray(o)[1])))
 LIB_CASES.append(_lib("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid",
                       _hybrid_mx(_moe_mx_inputs()), lambda a, kw, r, al: ref_moe_mx(*a[1:], **kw), lnc=2,
                       rtol=1 / 16, atol=0, post=_moe_out))
