@@ -98,7 +98,7 @@ def run_job(job: tuple) -> dict:
     name, lnc, place, model, kernel = job
     layout, target = representative_layout(name, lnc, place)
     g = group_plan(layout, target, "tp")
-    ring = local_ring(g.replica_groups[0])
+    ring = local_ring(g.first_group)
     shape = shapes(MODELS[model], layout.tp)[kernel]
     t0 = time.perf_counter()
     r = measure(kernel, shape, ring=ring, channels=g.channels, link=g.link, dtype=BF16,

@@ -89,12 +89,12 @@ def check_tp(group: GroupPlan, kernel: str) -> list[Check]:
     from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter_reference, reduce_scatter_reference
     from trnopt.kernels.sim import run_ranks
 
-    ring = local_ring(group.replica_groups[0])
+    ring = local_ring(group.first_group)
     tp = len(ring)
     pos = {r: i for i, r in enumerate(ring)}
     m, k, n = scaled_shape(kernel, tp)
     mm, cc_, fused, (x, w) = overlap_variants(kernel, ring, m, k, n, BF16, group.channels, numerics=True, seed=7)
-    label = f"{group.dim.upper()}{tp} ring {list(group.replica_groups[0][:8])}{'...' if tp > 8 else ''}"
+    label = f"{group.dim.upper()}{tp} ring {list(group.first_group[:8])}{'...' if tp > 8 else ''}"
     out = []
     for variant, name in ((fused, kernel), (cc_, cc_.kernel.__name__)):
         t0 = time.perf_counter()
@@ -128,14 +128,14 @@ def check_ep(group: GroupPlan) -> list[Check]:
     from trnopt.kernels.overlap import operand
     from trnopt.kernels.sim import run_ranks
 
-    ring = local_ring(group.replica_groups[0])
+    ring = local_ring(group.first_group)
     ep = len(ring)
     pos = {r: i for i, r in enumerate(ring)}
     s_n, el, h, c, f = 2, 1, 128, 32, 128
     x = [operand((s_n, ep, el, h, c), BF16, True, seed=300 + p) for p in range(ep)]
     w = [operand((el, h, f), BF16, True, seed=400 + p) for p in range(ep)]
     t0 = time.perf_counter()
-    label = f"EP{ep} group {list(group.replica_groups[0][:8])}{'...' if ep > 8 else ''}"
+    label = f"EP{ep} group {list(group.first_group[:8])}{'...' if ep > 8 else ''}"
     shape = f"S {s_n} E_local {el} H {h} C {c} F {f}"
     try:
         res = run_ranks(alltoall_expert_matmul, [(x[pos[i]], w[pos[i]]) for i in range(ep)], link=group.link,
@@ -154,7 +154,7 @@ def check_ep(group: GroupPlan) -> list[Check]:
 def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int) -> dict:
     """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only (the overlap harness)."""
     res = overlap.measure(kernel, {"m": m, "k": k, "n": n}, link=group.link,
-                          ring=local_ring(group.replica_groups[0]), channels=group.channels, timeout_s=600)
+                          ring=local_ring(group.first_group), channels=group.channels, timeout_s=600)
     return {"t_mm": res.t_mm, "t_cc": res.t_cc, "t_f": res.t_f, "hidden_fraction": res.hidden_fraction,
             "speedup": res.speedup}
 

@@ -2,12 +2,19 @@
 
 From a Layout and its Target (the collective placement rules of the Neuron runtime's
 "Intra-node Collective Communications with AWS Neuron" page):
-- the replica groups of every TP group (and EP group) from the rank-to-chip map
-  (`trnopt.optimizer.model.placement`), each rank-list in ring order along physical neighbours;
-- a check of every hop of every ring (one link: two cores of one chip, or two chips one
+- the replica groups of TP (and EP) from the rank-to-chip map
+  (`trnopt.optimizer.model.placement`): group 0 in ring order along physical neighbours,
+  and how many groups there are;
+- a check of every hop of the ring (one link: two cores of one chip, or two chips one
   link apart on one torus/ring axis, or any two chips on a switch or the scale-out
   network) and the link class the ring runs on (`optimizer.collectives.link_class` of
-  the group's span, the same class the cost model charges);
+  the group's span, the same class the cost model charges).
+
+Group 0 stands for every group. A dimension's digits are innermost on each axis they share
+with later dimensions (rank order tp, cp, ep, dp, pp), so another group is group 0 moved by
+a fixed offset on every axis: its members are as far apart, hop by hop and at the wrap, on
+any torus, ring or switch. The plan therefore costs the same at 4 million ranks as at 16
+(the tests check the claim against every group of small layouts);
 - the channels the topology allows and the simulator LinkModel of one channel;
 - the kernels each layer uses, with full-shape chunk sizes and the tiling that must fit
   SBUF.
@@ -42,14 +49,13 @@ hop; the hop latency is the largest ``latency_us`` of the axes it crosses.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from trnopt.kernels.sim import LinkModel
 from trnopt.kernels.tiling import MOVING_FMAX, PMAX, SBUF_TRN2, choose_tiling
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.model.layout import DIMS, Layout
-from trnopt.optimizer.model.placement import groups as dim_groups
-from trnopt.optimizer.model.placement import rank_map
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -73,14 +79,15 @@ class GroupPlan:
 
     dim: str
     size: int
-    replica_groups: tuple[tuple[int, ...], ...]  # every group, ring order
+    first_group: tuple[int, ...]  # group 0 (ranks k * stride, k < size), ring order
+    count: int  # groups of this dimension: ranks // size
     span: str  # e.g. "core4 x2"
     link_class: str  # collectives.link_class of the span (what the cost model charges)
     channels: int
     link_gbs: float  # simulator LinkModel bandwidth per channel, GB/s
     latency_us: float
     hops: tuple[Hop, ...]  # the first group's ring, wrap hop last
-    one_hop: bool  # every hop of every group is one link
+    one_hop: bool  # every hop of the ring is one link (of every group: see the module docstring)
     order_note: str
 
     @property
@@ -92,10 +99,6 @@ class GroupPlan:
         for h in self.hops:
             out[h.link] = out.get(h.link, 0) + 1
         return out
-
-    def partition_ok(self, ranks: int) -> bool:
-        seen = [r for g in self.replica_groups for r in g]
-        return sorted(seen) == list(range(ranks))
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,6 @@ class KernelPlan:
         """Checks the plan fails; empty when every ring is one link per hop and every tile fits."""
         out = []
         for g in self.groups:
-            if not g.partition_ok(self.ranks):
-                out.append(f"{g.dim} replica groups do not partition the {self.ranks} ranks")
             if not g.one_hop:
                 bad = [h for h in g.hops if h.links != 1]
                 out.append(f"{g.dim} ring has {len(bad)} hop(s) over more than one link "
@@ -152,10 +153,10 @@ class KernelPlan:
     def lines(self) -> list[str]:
         out = [f"kernel plan: {self.layout} on {self.target}, {self.ranks} ranks"]
         for g in self.groups:
-            first = g.replica_groups[0]
+            first = g.first_group
             shown = ", ".join(map(str, first[:16])) + (", ..." if len(first) > 16 else "")
             hops = ", ".join(f"{n} {c}" for c, n in g.hop_counts().items())
-            out += [f"  {g.dim.upper()}{g.size} [{g.span}]: {len(g.replica_groups)} replica groups of {g.size}; "
+            out += [f"  {g.dim.upper()}{g.size} [{g.span}]: {g.count} replica groups of {g.size}; "
                     f"group 0 ring order [{shown}]",
                     f"    link class {g.link_class}; hops per ring: {hops}; "
                     f"check: {'every hop is one link' if g.one_hop else 'NOT every hop is one link'}",
@@ -260,29 +261,24 @@ def order_group(layout: Layout, coords: dict[int, tuple[int, ...]], ranks: list[
     return ordered, note
 
 
-def group_plan(layout: Layout, target: Target, dim: str, places=None) -> GroupPlan:
-    """Replica groups of ``dim`` (tp or ep) in ring order, with their link model and hop check."""
-    places = places if places is not None else rank_map(layout, target)
-    coords = {r: layout.rank_coordinates(r)[1] for r in range(layout.ranks)}
-    raw = dim_groups(layout, places, dim)
-    ordered, notes = [], set()
-    for g in raw:
-        ring, note = order_group(layout, coords, [p.rank for p in g])
-        ordered.append(tuple(ring))
-        notes.add(note)
+def group_plan(layout: Layout, target: Target, dim: str) -> GroupPlan:
+    """The replica groups of ``dim`` (tp or ep): group 0 in ring order, with its link model and hop check."""
+    size = layout.degree(dim)
+    stride = math.prod(layout.degree(d) if d != "dp" else layout.dp // layout.ep for d in DIMS[:DIMS.index(dim)])
+    first = [k * stride for k in range(size)]
+    coords = {r: layout.rank_coordinates(r)[1] for r in first}
+    ring, note = order_group(layout, coords, first)
     span = layout.span(dim)
-    all_hops = [[_hop(layout, coords, g[i], g[(i + 1) % len(g)]) for i in range(len(g))] for g in ordered]
-    size = len(ordered[0])
-    one_hop = all(h.links == 1 for hs in all_hops for h in hs) if size > 1 else True
+    hops = [_hop(layout, coords, ring[i], ring[(i + 1) % size]) for i in range(size)] if size > 1 else []
     # channels and link model
-    chip_cycle = len({coords[r][1:] for r in ordered[0]})
+    chip_cycle = len({coords[r][1:] for r in ring})
     partial_pair = chip_cycle == 2 and any(a.kind in ("torus", "ring") and f < a.size and a.size > 2
                                            for a, f in span if a.kind != "core")
     channels = 2 if size >= 3 and not partial_pair else 1
     # groups of this dimension whose rings leave each chip over the same links
     sharing = max(1, layout.ranks_per_chip // layout.placement[DIMS.index(dim)][0])
     bws, lats = [], [0.0]
-    for h in (all_hops[0] if size > 1 else []):
+    for h in hops:
         if h.link == "core":
             bws.append(target.chip.on_chip_bandwidth / 2)
             continue
@@ -293,9 +289,9 @@ def group_plan(layout: Layout, target: Target, dim: str, places=None) -> GroupPl
                 lats.append(axis.latency)
     bw = min(bws) if bws else target.chip.on_chip_bandwidth / 2
     text = " x ".join(f"{a.name}{f}" for a, f in span) or "one rank"
-    return GroupPlan(dim, size, tuple(ordered), text, cc.link_class(span) if span else "none", channels,
-                     bw / 1e9, max(lats) * 1e6, tuple(all_hops[0]) if size > 1 else (), one_hop,
-                     "; ".join(sorted(notes)))
+    return GroupPlan(dim, size, tuple(ring), layout.ranks // size, text,
+                     cc.link_class(span) if span else "none", channels, bw / 1e9, max(lats) * 1e6, tuple(hops),
+                     all(h.links == 1 for h in hops), note)
 
 
 # -- kernels per layer -------------------------------------------------------------------------
@@ -348,9 +344,8 @@ def _tiling_text(t) -> str:
 
 def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPlan:
     """The plan of a solved layout (see the module docstring)."""
-    places = rank_map(layout, target)
-    tp = group_plan(layout, target, "tp", places)
-    ep = group_plan(layout, target, "ep", places) if layout.ep > 1 else None
+    tp = group_plan(layout, target, "tp")
+    ep = group_plan(layout, target, "ep") if layout.ep > 1 else None
     notes = []
     if layout.lnc > 1:
         notes.append(f"LNC={layout.lnc}: the simulator runs one program per rank (one physical core's engines); "

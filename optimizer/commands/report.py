@@ -116,6 +116,9 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
         out.append(f"robust choice: {result.fastest.layout.describe()} [{result.fastest.layout.placement_text()}] "
                    f"models {100 * slower:.2g}% faster, within the {u:.0%} uncertainty; this layout keeps TP on "
                    "faster links (inside a chip first) and more headroom")
+    elif result.robust_skipped:
+        out.append(f"robust choice: not looked for (the time limit left too little to build another model); "
+                   f"this is the fastest layout found, without regard to the {u:.0%} uncertainty")
     elif u > 0 and result.runners_up and p.score(result.runners_up[0]) <= p.score(e) * (1 + u):
         out.append(f"near-tie: the next best layout is within the {u:.0%} uncertainty "
                    f"({100 * (p.score(result.runners_up[0]) / p.score(e) - 1):.2g}% slower)")

@@ -43,6 +43,7 @@ per byte and lambda its fixed seconds (collectives.coefficients):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -152,6 +153,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     share = target.efficiency.collective_fixed_share
     runtime = replace(cc.NEURON, launch=cc.NEURON.launch * share, ring_setup=cc.NEURON.ring_setup * share)
 
+    @functools.lru_cache(maxsize=None)  # one span feeds several tables (bandwidth, latency, raw and kept)
     def coeff(op: str, span) -> tuple[float, float]:
         return cc.coefficients(op, span, c, runtime) if span else (0.0, 0.0)
 

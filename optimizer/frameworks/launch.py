@@ -27,6 +27,8 @@ so the launch chooses only the node order and the core binding (``torchrun_bindi
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
@@ -101,31 +103,30 @@ def host_name(domain: int, instance: int) -> str:
     return f"us{domain}-node{instance}"
 
 
-def implied_rank_map(launch: Launch, node_order: dict[int, tuple[int, int]] | None = None) -> list[dict]:
-    """check-map rows: where every rank runs when node rank n starts on the instance ``node_order[n]``.
+def implied_rank_map(launch: Launch, node_order: dict[int, tuple[int, int]] | None = None) -> str:
+    """check-map's rank map (CSV) of where every rank runs when node rank n starts on the instance ``node_order[n]``.
 
     ``node_order`` maps node rank -> (UltraServer, position) of the instance that really got
     it; by default the plan's (nodes.csv). Local rank l of node n is rank ``n * P + l`` on
-    logical core ``binding.core[n][l]`` (chip = core // cores per chip).
+    logical core ``binding.local_core[l]`` (chip = core // cores per chip); node by node, local
+    rank by local rank is rank order.
     """
-    b, per_chip = launch.binding, launch.layout.ranks_per_chip
+    b, per_chip, lnc = launch.binding, launch.layout.ranks_per_chip, launch.layout.lnc
     order = node_order or b.slot
-    rows = []
-    for n in range(b.nodes):
-        domain, instance = order[n]
-        for local, v in enumerate(b.core[n]):
-            row = {"rank": n * b.nproc_per_node + local, "instance": host_name(domain, instance),
-                   "chip": v // per_chip, "core": v % per_chip}
-            if launch.ultraserver:
-                row["ultraserver"] = f"us{domain}"
-            row["lnc"] = launch.layout.lnc
-            rows.append(row)
-    return sorted(rows, key=lambda r: r["rank"])
+    header = ("rank", "instance", "chip", "core") + (("ultraserver",) if launch.ultraserver else ()) + ("lnc",)
+
+    def rows():
+        for n in range(b.nodes):
+            domain, instance = order[n]
+            host, us = host_name(domain, instance), (f"us{domain}",) if launch.ultraserver else ()
+            for local, v in enumerate(b.local_core):
+                yield (n * b.nproc_per_node + local, host, v // per_chip, v % per_chip, *us, lnc)
+    return _csv(header, rows())
 
 
-def _csv(rows: list[dict]) -> str:
-    keys = list(rows[0])
-    return "\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n"
+def _csv(header: tuple[str, ...], rows) -> str:
+    """CSV text of a header and rows of values, joined without a per-row object kept (millions of rows)."""
+    return "".join(itertools.chain([",".join(header) + "\n"], (",".join(map(str, r)) + "\n" for r in rows)))
 
 
 # -- common files -------------------------------------------------------------------------------------
@@ -160,21 +161,19 @@ def env_sh(launch: Launch) -> str:
 
 
 def nodes_csv(launch: Launch) -> str:
-    rows = [{"node_rank": n, "ultraserver": d, "position": i, "host": host_name(d, i)}
-            for n, (d, i) in sorted(launch.binding.slot.items())]
-    return _csv(rows)
+    return _csv(("node_rank", "ultraserver", "position", "host"),
+                ((n, d, i, host_name(d, i)) for n, (d, i) in sorted(launch.binding.slot.items())))
 
 
 def ranks_csv(launch: Launch) -> str:
     b, per_chip = launch.binding, launch.layout.ranks_per_chip
-    rows = []
-    for n in range(b.nodes):
-        d, i = b.slot[n]
-        for local, v in enumerate(b.core[n]):
-            rows.append({"rank": n * b.nproc_per_node + local, "node_rank": n, "local_rank": local,
-                         "ultraserver": d, "position": i, "chip": v // per_chip, "core": v % per_chip,
-                         "logical_core": v})
-    return _csv(rows)
+
+    def rows():
+        for n in range(b.nodes):
+            d, i = b.slot[n]
+            for local, v in enumerate(b.local_core):
+                yield n * b.nproc_per_node + local, n, local, d, i, v // per_chip, v % per_chip, v
+    return _csv(("rank", "node_rank", "local_rank", "ultraserver", "position", "chip", "core", "logical_core"), rows())
 
 
 def worker_sh(launch: Launch) -> str:
@@ -191,15 +190,13 @@ def worker_sh(launch: Launch) -> str:
         'source "$here/env.sh"',
     ]
     if b.bound:
-        table = " ".join(",".join(map(str, row)) for row in b.core)
         lines += [
             "# The plan puts local ranks on other logical cores than torchrun's default (local rank i on core i):",
-            "# bind each worker to its planned core. Line n of the table is node rank n, entry l its local rank l.",
+            "# bind each worker to its planned core. Entry l of the table is local rank l's core, on every node.",
             "# Assumption: the Neuron runtime honours NEURON_RT_VISIBLE_CORES per process with logical core indices",
             "# at this LNC, and the training script uses the one core it sees.",
-            f"TRNOPT_CORES='{table}'",
-            'row=$(printf "%s\\n" $TRNOPT_CORES | sed -n "$((GROUP_RANK + 1))p")',
-            'core=$(printf "%s" "$row" | cut -d, -f"$((LOCAL_RANK + 1))")',
+            f"TRNOPT_CORES='{','.join(map(str, b.local_core))}'",
+            'core=$(printf "%s" "$TRNOPT_CORES" | cut -d, -f"$((LOCAL_RANK + 1))")',
             "export NEURON_RT_VISIBLE_CORES=$core",
         ]
     else:
@@ -247,7 +244,7 @@ def launch_files(launch: Launch) -> dict[str, str]:
         "worker.sh": worker_sh(launch),
         "nodes.csv": nodes_csv(launch),
         "ranks.csv": ranks_csv(launch),
-        "expected-rank-map.csv": _csv(implied_rank_map(launch)),
+        "expected-rank-map.csv": implied_rank_map(launch),
         "job.toml": torchtitan.job_toml(launch.workload, launch.target, launch.layout),
     }
     files |= schedulers.files(launch)

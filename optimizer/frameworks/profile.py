@@ -38,11 +38,12 @@ then PP, the same order as trnopt's ranks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
-from trnopt.optimizer.model.placement import instance_prefix, rank_map
+from trnopt.optimizer.model.placement import instance_prefix, instance_ranks, rank_of
 from trnopt.optimizer.model.target import Target
 
 
@@ -51,28 +52,30 @@ class TorchrunBinding:
     """How a torchrun launch lands every rank where the plan put it.
 
     ``node_rank[(domain, instance)]`` is the ``--node-rank`` of the instance at that slot
-    of the plan (instance = its position in the UltraServer); ``core[node_rank][local_rank]``
-    is the logical NeuronCore (``chip * logical cores per chip + core``) that local rank must
-    run on. ``bound`` is False when every local rank i runs on logical core i, torchrun's
-    and torch-neuronx's default, so no binding needs to be set.
+    of the plan (instance = its position in the UltraServer); ``local_core[local_rank]`` is
+    the logical NeuronCore (``chip * logical cores per chip + core``) that local rank must run
+    on, the same on every node (a producible placement numbers the ranks inside an instance
+    before the instances: see ``FrameworkProfile.producible``). ``bound`` is False when every
+    local rank i runs on logical core i, torchrun's and torch-neuronx's default, so no binding
+    needs to be set.
     """
 
     nproc_per_node: int
     """Workers per instance: logical cores per chip x chips per instance."""
     node_rank: dict[tuple[int, int], int]
     """(domain, instance in the domain) -> torchrun --node-rank."""
-    core: tuple[tuple[int, ...], ...]
-    """core[node_rank][local_rank] -> logical NeuronCore of the instance."""
+    local_core: tuple[int, ...]
+    """local rank -> logical NeuronCore of its instance, on every node."""
 
     @property
     def nodes(self) -> int:
-        return len(self.core)
+        return len(self.node_rank)
 
     @property
     def bound(self) -> bool:
-        return any(v != i for row in self.core for i, v in enumerate(row))
+        return any(v != i for i, v in enumerate(self.local_core))
 
-    @property
+    @functools.cached_property
     def slot(self) -> dict[int, tuple[int, int]]:
         """node rank -> (domain, instance)."""
         return {n: s for s, n in self.node_rank.items()}
@@ -161,8 +164,9 @@ class FrameworkProfile:
         leaves the instance, no later dimension (and no later axis of the same
         dimension) may have a factor > 1 inside it. A digit that cannot be split at the
         instance boundary (a factor of 3 straddling a 4-chip server) is not producible.
-        ``placement_conflict`` evaluates this rule; the tests check that it agrees with
-        the exact check here.
+        ``placement_conflict`` evaluates this rule in a time that does not grow with the
+        rank count, and is what this method reads; the tests check that it agrees with the
+        exact check over every rank (``torchrun_binding``).
 
         Returns the reason (one sentence naming the dimensions and axes involved and an
         instance that would hold a non-consecutive set of ranks), or None.
@@ -172,14 +176,18 @@ class FrameworkProfile:
                     f"(dp_shard, cp) mesh (torchtitan ParallelDims: sparse mesh pp, dp_replicate, efsdp, ep, etp), "
                     f"so EP {layout.ep} with CP {layout.cp} groups other ranks than trnopt's EP groups "
                     "(one cp coordinate each)")
-        binding = torchrun_binding(layout, target)
-        if isinstance(binding, TorchrunBinding):
-            return None
         conflict = placement_conflict(layout, target)
-        why = f"; {conflict}" if conflict else ""
+        if conflict is None:
+            return None
+        per = nproc_per_node(layout, target)
+        held = sorted(instance_ranks(layout, target, 0, 0))
+        example = ""
+        if held != list(range(held[0], held[0] + per)):
+            example = (f"the plan puts ranks {', '.join(str(r) for r in held[:6])}, ... on domain 0 instance 0, "
+                       f"not one block of {per} consecutive ranks; ")
         return (f"{self.name} (mesh {', '.join(self.rank_order)}, {self.rank_order[-1]} innermost) under torchrun "
-                f"gives every instance one block of consecutive ranks, but {binding}{why}: no node order or core "
-                "binding places it")
+                f"gives every instance one block of consecutive ranks, but {example}{conflict}: no node order or "
+                "core binding places it")
 
 
 TORCHTITAN = FrameworkProfile(
@@ -235,29 +243,34 @@ def nproc_per_node(layout: Layout, target: Target) -> int:
 
 
 def torchrun_binding(layout: Layout, target: Target) -> TorchrunBinding | str:
-    """The node order and core binding that land every planned rank, or why none exists.
+    """The node order and core binding that land every planned rank, or why none exists
+    (``placement_conflict``).
 
-    Exact: reads the plan's rank map. Instance (domain d, position i) must hold the ranks
-    ``n * P .. n * P + P - 1`` for one n, which becomes its node rank; local rank
-    ``r - n * P`` is bound to the logical core ``chip * cores per chip + core`` the plan
-    gives rank r.
+    With the rule met, a rank is ``inside + P * outside``: ``inside`` from the digits an
+    instance holds, the same on every instance, and ``outside`` from the instance. So instance
+    (domain d, position i) holds the ranks ``n * P .. n * P + P - 1``, n the rank of its first
+    chip's core 0 divided by P, which becomes its node rank; and local rank ``r - n * P`` is
+    bound to the logical core (``chip * cores per chip + core``) that instance 0 gives rank
+    ``r - n * P``. Instances and one instance's cores are read, never every rank (the tests
+    check every rank of small layouts).
     """
+    conflict = placement_conflict(layout, target)
+    if conflict is not None:
+        return conflict
     per = nproc_per_node(layout, target)
-    per_chip = layout.ranks_per_chip
-    ranks_on: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for p in rank_map(layout, target):
-        ranks_on.setdefault((p.domain, p.instance), []).append((p.rank, p.chip * per_chip + p.core))
-    node_rank, cores = {}, {}
-    for slot in sorted(ranks_on):
-        placed = sorted(ranks_on[slot])
-        first = placed[0][0]
-        if first % per or placed[-1][0] != first + per - 1 or len(placed) != per:
-            shown = ", ".join(str(r) for r, _ in placed[:6])
-            return (f"the plan puts ranks {shown}, ... on domain {slot[0]} instance {slot[1]}, not one block of "
-                    f"{per} consecutive ranks")
-        node_rank[slot] = first // per
-        cores[first // per] = tuple(v for _, v in placed)
-    return TorchrunBinding(per, node_rank, tuple(cores[n] for n in range(len(cores))))
+    local = [0] * per
+    for core, r in enumerate(instance_ranks(layout, target, 0, 0)):  # by logical core of the instance
+        local[r] = core
+    sizes = [a.size for a in layout.axes[1:-1]]
+    node_rank = {}
+    for domain in range(layout.domains):
+        for instance in range(target.instances_per_domain):
+            coords, rest = [], instance * target.chips_per_instance
+            for size in sizes:
+                coords.append(rest % size)
+                rest //= size
+            node_rank[(domain, instance)] = rank_of(layout, (0, *coords, domain)) // per
+    return TorchrunBinding(per, node_rank, tuple(local))
 
 
 def _digits(layout: Layout, target: Target) -> list[tuple[str, str, int, str]]:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import itertools
 import math
 
-from ortools.sat.python import cp_model
-
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.evaluate import Evaluation, inverse_goodput
 from trnopt.optimizer.cost.memory import memory_terms
@@ -35,6 +33,7 @@ from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
 from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.search.space import Space, divisors, prime_exponents
+from trnopt.optimizer.search.solver import BoundedSolver
 from trnopt.optimizer.search.tabulate import Tabulator
 
 TICKS_PER_COMPUTE = 2**24  # ticks in the compute at peak
@@ -43,9 +42,6 @@ OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (
 PLACED = ("tp", "cp", "ep", "edp", "pp")  # the variable family of each Layout placement row, in DIMS order
 SPANS = {"span.tp": ("tp",), "span.cp": ("cp",), "span.ep": ("ep",), "span.edp": ("edp",),
          "span.pp": ("pp",), "span.dp": ("ep", "edp")}
-
-STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
-          cp_model.MODEL_INVALID: "MODEL_INVALID", cp_model.UNKNOWN: "UNKNOWN"}
 
 
 class SolverMismatch(AssertionError):
@@ -381,7 +377,7 @@ class LayoutModel(IntModel):
         if lits:
             self.model.add_bool_or(lits)
 
-    def layout(self, solver: cp_model.CpSolver) -> Layout:
+    def layout(self, solver: BoundedSolver) -> Layout:
         def pick(values, bools):
             return values[next(i for i, b in enumerate(bools) if solver.boolean_value(b))]
 
@@ -392,21 +388,6 @@ class LayoutModel(IntModel):
                       axes=self.space.axes, placement=tuple(rows), zero=pick(self.zero_values, self.zero),
                       recompute=pick(self.recompute_values, self.rc), micro_batch=pick(self.space.micro_batches, self.micro),
                       interleave=pick(self.interleaves, self.inter), lnc=self.space.lnc)
-
-
-def solver_for(time_limit: float, workers: int, seed: int, interleave: bool = True,
-               deterministic_limit: float | None = None) -> cp_model.CpSolver:
-    """A CpSolver with its parameters and their reasons."""
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
-    if deterministic_limit is not None:
-        # a budget in CP-SAT's deterministic time: the same answer on a loaded machine as on an idle one
-        solver.parameters.max_deterministic_time = deterministic_limit
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    # interleaved search makes several workers deterministic for a fixed seed and count
-    solver.parameters.interleave_search = interleave and workers > 1
-    return solver
 
 
 def check_agreement(lm: LayoutModel, solver: cp_model.CpSolver, e: Evaluation):

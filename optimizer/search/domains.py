@@ -15,7 +15,8 @@ from trnopt.optimizer.cost.memory import sharded_state_per_chip, usable_hbm
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import TimeLimitError
 from trnopt.optimizer.model.target import GIB
-from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, solver_for
+from trnopt.optimizer.search.cpsat import LayoutModel
+from trnopt.optimizer.search.solver import STATUS, solver_for
 from trnopt.optimizer.search.space import Space
 
 MAX_DOMAINS = 64

@@ -19,7 +19,8 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import GIB
-from trnopt.optimizer.search.cpsat import STATUS, LayoutModel, SolverMismatch, check_agreement, solver_for
+from trnopt.optimizer.search.cpsat import LayoutModel, SolverMismatch, check_agreement
+from trnopt.optimizer.search.solver import STATUS, solver_for
 from trnopt.optimizer.search.hint import greedy_layout
 from trnopt.optimizer.search.space import Space
 
@@ -39,6 +40,7 @@ class LnCResult:
     runners_up: list[Evaluation] = field(default_factory=list)
     rounding: float = 0.0  # seconds: how far the integer objective may be from the cost model's
     runners_up_cut: bool = False  # the runner-up budget ended before every runner-up asked for
+    build_seconds: float = 0.0  # building this LNC's CP-SAT model (what another model of the space costs)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class SearchResult:
     domains_note: str = ""
     runners_up_cut: bool = False
     fastest: Evaluation | None = None  # the fastest layout, when the robust choice is another
+    robust_skipped: bool = False  # the time limit left too little to look for a robust choice
     uncertainty: float = 0.0           # the relative step-time uncertainty near-ties were judged by
 
 
@@ -91,10 +94,16 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
         # meets a model that the cutoff makes infeasible.
         probe = LayoutModel(space, step_bound=bound)
         probe.model.add(probe.objective.expr <= math.floor(cutoff * (1 + 1e-6) / probe.objective_unit) + 1)
-        probe_solver = solver_for(max(0.5, deadline - time.perf_counter()), workers, seed, False, deterministic_limit)
+        # half the budget: a probe that does not prove at once leaves the rest to the search itself
+        probe_solver = solver_for(max(0.5, (deadline - time.perf_counter()) / 2), workers, seed, False,
+                                  deterministic_limit)
         if STATUS[probe_solver.solve(probe.model)] == "INFEASIBLE":
             return LnCResult(space.lnc, "NO_BETTER", None, math.inf, math.inf, time.perf_counter() - start)
+        if time.perf_counter() >= deadline:  # the probe took the budget: no time to look for the better layout
+            return LnCResult(space.lnc, "UNKNOWN", None, math.inf, 0.0, time.perf_counter() - start)
+    built = time.perf_counter()
     lm = LayoutModel(space, step_bound=bound)
+    built = time.perf_counter() - built
     hint = greedy_layout(space)
     if hint is not None:
         lm.hint(hint)
@@ -111,14 +120,16 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
         if status == "UNKNOWN" and hint is not None and p.score(p.evaluate(hint)) < (cutoff or math.inf):
             e = p.evaluate(hint)
             return LnCResult(space.lnc, "FEASIBLE", e, p.score(e), solver.best_objective_bound * lm.objective_unit,
-                             time.perf_counter() - start)
-        return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start)
+                             time.perf_counter() - start, build_seconds=built)
+        return LnCResult(space.lnc, status, None, math.inf, math.inf, time.perf_counter() - start,
+                         build_seconds=built)
     e = p.evaluate(lm.layout(solver))
     check_agreement(lm, solver, e)
     objective = p.score(e)
     scale = objective / solver.objective_value if solver.objective_value else 0.0
     result = LnCResult(space.lnc, status, e, objective, solver.best_objective_bound * scale,
-                       time.perf_counter() - start, rounding=lm.objective.error(solver.value) * lm.objective_unit)
+                       time.perf_counter() - start, rounding=lm.objective.error(solver.value) * lm.objective_unit,
+                       build_seconds=built)
     for _ in range(runners_up):
         if time.perf_counter() >= deadline:
             result.runners_up_cut = True
@@ -172,15 +183,18 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     proven = all(r.status in ("OPTIMAL", "INFEASIBLE", "NO_BETTER") for r in results)
     gap = 0.0 if proven else max(0.0, (best.objective - bound) / best.objective)
     fastest = best.evaluation
+    # the robust choice builds one more model of the space: only when the limit leaves time to build and solve it
     remaining = time_limit - (time.perf_counter() - start)
-    chosen = robust_choice(problem, fastest, uncertainty, seed, remaining) if uncertainty > 0 and remaining > 1 \
-        else fastest
+    build = max(r.build_seconds for r in results)
+    robust_skipped = uncertainty > 0 and remaining <= 1 + 2 * build
+    chosen = robust_choice(problem, fastest, uncertainty, seed, remaining - build) \
+        if uncertainty > 0 and not robust_skipped else fastest
     runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e.layout != chosen.layout),
                      key=problem.score)[:top]
     return SearchResult(problem, chosen, "OPTIMAL" if proven else "FEASIBLE", gap,
                         time.perf_counter() - start, sum(s.size() for s in spaces), runners,
                         alternatives(problem, chosen), runners_up_cut=any(r.runners_up_cut for r in results),
-                        fastest=fastest, uncertainty=uncertainty)
+                        fastest=fastest, uncertainty=uncertainty, robust_skipped=robust_skipped)
 
 
 def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, seed: int,

@@ -1,4 +1,4 @@
-"""KernelPlan: replica groups partition the ranks, every ring hop is one link, link class and model."""
+"""KernelPlan: group 0 stands for every replica group, every ring hop is one link, link class and model."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from trnopt.kernels.plan import grid_cycle, kernel_plan, local_ring, snake
+from trnopt.kernels.plan import grid_cycle, kernel_plan, local_ring, order_group, snake
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.placement import groups, rank_map
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
@@ -49,20 +50,30 @@ CASES = [
 ]
 
 
+def every_ring(layout, target, dim):
+    """Every group of ``dim`` from the whole rank map, each in the plan's ring order: the referee
+    for the plan's claim that group 0 stands for all of them."""
+    coords = {r: layout.rank_coordinates(r)[1] for r in range(layout.ranks)}
+    places = rank_map(layout, target)
+    rings = [order_group(layout, coords, [p.rank for p in g])[0] for g in groups(layout, places, dim)]
+    return rings, coords
+
+
 @pytest.mark.parametrize("target_name,tp,lnc,cls", CASES, ids=lambda v: str(v))
-def test_plan_rings_are_one_link_per_hop_and_partition_the_ranks(target_name, tp, lnc, cls):
+def test_plan_rings_are_one_link_per_hop_and_stand_for_every_group(target_name, tp, lnc, cls):
     layout, target = layout_for(target_name, tp, lnc)
     plan = kernel_plan(WORKLOAD, layout, target)
     g = plan.tp
-    assert g.size == layout.tp
+    assert g.size == layout.tp and g.count * g.size == layout.ranks
     assert g.link_class == cls == cc.link_class(layout.span("tp"))
-    assert g.partition_ok(layout.ranks)
-    assert all(len(grp) == layout.tp for grp in g.replica_groups)
     assert g.one_hop, g.hops
     assert all(h.links == 1 for h in g.hops)
-    coords = {r: layout.rank_coordinates(r)[1] for r in range(layout.ranks)}
-    for grp in g.replica_groups:
-        for a, b in zip(grp, grp[1:] + grp[:1]):
+    rings, coords = every_ring(layout, target, "tp")
+    assert len(rings) == g.count
+    assert sorted(r for ring in rings for r in ring) == list(range(layout.ranks))  # the groups partition the ranks
+    assert tuple(rings[0]) == g.first_group
+    for ring in rings:
+        for a, b in zip(ring, ring[1:] + ring[:1]):
             ca, cb = coords[a], coords[b]
             diff = [(ax, x, y) for ax, x, y in zip(layout.axes[1:], ca[1:], cb[1:]) if x != y]
             assert len(diff) <= 1, (a, b, diff)  # same chip, or one axis
@@ -113,7 +124,9 @@ def test_ep_groups_partition_and_plan_the_expert_kernel():
     moe = Workload(load_model("mixtral-8x7b"), Training(seq=4096, global_batch=256))
     layout, target = layout_for("trn3-gen1", {"core": 4}, ep={"switch": 8})
     plan = kernel_plan(moe, layout, target)
-    assert plan.ep is not None and plan.ep.size == 8 and plan.ep.partition_ok(layout.ranks)
+    assert plan.ep is not None and plan.ep.size == 8 and plan.ep.count == layout.ranks // 8
+    rings, _ = every_ring(layout, target, "ep")
+    assert sorted(r for ring in rings for r in ring) == list(range(layout.ranks)) and tuple(rings[0]) == plan.ep.first_group
     assert plan.ep.one_hop and plan.ep.link_class == "switch"
     assert "alltoall_expert_matmul" in [k.kernel for k in plan.kernels]
 
@@ -151,3 +164,12 @@ def test_grid_cycle_none_when_impossible_and_snake_is_a_path():
 
 def test_local_ring_keeps_the_ring_order():
     assert local_ring((40, 41, 45, 44)) == (0, 1, 3, 2)
+
+
+def test_the_plan_of_millions_of_ranks_reads_one_group():
+    # 5.1 M ranks: a plan that visited every rank would take minutes here; group 0 is the same ring
+    small, target = layout_for("trn2u", {"core": 4, "x": 2}, domains=1)
+    huge, _ = layout_for("trn2u", {"core": 4, "x": 2}, domains=19968)
+    assert huge.ranks == 19968 * 256
+    a, b = kernel_plan(WORKLOAD, small, target).tp, kernel_plan(WORKLOAD, huge, target).tp
+    assert b.count == huge.ranks // 8 and b.first_group == a.first_group and b.hops == a.hops and b.one_hop

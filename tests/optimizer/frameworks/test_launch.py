@@ -97,7 +97,7 @@ def test_a_wrong_node_order_fails_check_map(tmp_path):
     launch = _launch("llama3-405b")
     # node ranks handed out alternating between the two UltraServers instead of as nodes.csv says
     wrong = {n: (n % 2, n // 2) for n in range(launch.nodes)}
-    findings = _check(launch, L._csv(L.implied_rank_map(launch, wrong)), tmp_path)
+    findings = _check(launch, L.implied_rank_map(launch, wrong), tmp_path)
     assert findings and {f.kind for f in findings} == {"outside-instance"}
 
 
@@ -105,9 +105,8 @@ def test_a_launch_without_the_core_binding_fails_check_map(tmp_path):
     launch = _launch("llama3-8b")
     assert launch.binding.bound
     per_chip = launch.layout.ranks_per_chip
-    rows = [{"rank": r, "instance": "node0", "chip": r // per_chip, "core": r % per_chip, "lnc": 2}
-            for r in range(launch.layout.ranks)]  # local rank i on core i: torchrun's default
-    kinds = {f.kind for f in _check(launch, L._csv(rows), tmp_path)}
+    rows = ((r, "node0", r // per_chip, r % per_chip, 2) for r in range(launch.layout.ranks))  # torchrun's default
+    kinds = {f.kind for f in _check(launch, L._csv(("rank", "instance", "chip", "core", "lnc"), rows), tmp_path)}
     assert kinds == {"tp-off-plan"}
 
 
@@ -130,7 +129,7 @@ def test_workers_bind_their_cores_and_record_the_planned_map(tmp_path):
         r = subprocess.run([str(out / "worker.sh"), "sh", "-c", "echo $NEURON_RT_VISIBLE_CORES"],
                            env=env | {"LOCAL_RANK": str(local), "RANK": str(local)}, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert int(r.stdout) == launch.binding.core[0][local]
+        assert int(r.stdout) == launch.binding.local_core[local]
     rows = "".join((tmp_path / "map" / f"rank-{r}.csv").read_text() for r in range(launch.nproc))
     assert _check(launch, "rank,instance,chip,core,ultraserver,lnc\n" + rows, tmp_path) == []
 

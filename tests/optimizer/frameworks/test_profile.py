@@ -92,7 +92,7 @@ def test_binding_lands_every_rank_on_its_planned_core():
     for p in rank_map(lay, t):
         n, local = divmod(p.rank, b.nproc_per_node)
         assert slot[n] == (p.domain, p.instance)
-        assert b.core[n][local] == p.chip * lay.ranks_per_chip + p.core
+        assert b.local_core[local] == p.chip * lay.ranks_per_chip + p.core
     # default placement (tp on the cores, dp over the chips): local rank i is core i, no binding
     t2, lay2 = llama405b_trn2u_x2()
     b2 = P.torchrun_binding(lay2, t2)
@@ -110,6 +110,23 @@ def test_node_order_permutes_instances_when_the_plan_numbers_them_otherwise():
     assert P.TORCHTITAN.producible(lay_rev, t) is None
 
 
+def exact_binding(lay, t):
+    """The referee of torchrun_binding, from every rank's place: (node rank per instance, cores of
+    each node by local rank) when every instance holds one aligned block of consecutive ranks, else None."""
+    per = lay.ranks_per_chip * t.chips_per_instance
+    on: dict[tuple[int, int], dict[int, int]] = {}
+    for p in rank_map(lay, t):
+        on.setdefault((p.domain, p.instance), {})[p.rank] = p.chip * lay.ranks_per_chip + p.core
+    node_rank, cores = {}, []
+    for slot, held in on.items():
+        first = min(held)
+        if first % per or sorted(held) != list(range(first, first + per)):
+            return None
+        node_rank[slot] = first // per
+        cores.append(tuple(held[first + i] for i in range(per)))
+    return node_rank, cores
+
+
 @pytest.mark.parametrize("name,domains,lnc", [("trn2u", 2, 2), ("trn2u", 1, 1), ("trn2", 2, 2),
                                               ("trn3-gen2", 1, 2), ("trn3-gen1", 1, 2)])
 def test_structural_rule_agrees_with_the_exact_check(name, domains, lnc):
@@ -119,8 +136,22 @@ def test_structural_rule_agrees_with_the_exact_check(name, domains, lnc):
     seen = {True: 0, False: 0}
     for _ in range(120):
         lay = random_layout(t, domains, rng, lnc, dims=("tp", "dp", "pp"))
-        exact = isinstance(P.torchrun_binding(lay, t), P.TorchrunBinding)
+        referee = exact_binding(lay, t)
+        exact = referee is not None
         assert (P.placement_conflict(lay, t) is None) is exact, lay.placement_text()
         assert (P.TORCHTITAN.producible(lay, t) is None) is exact
+        fast = P.torchrun_binding(lay, t)
+        assert isinstance(fast, P.TorchrunBinding) is exact
+        if exact:
+            node_rank, cores = referee
+            assert fast.node_rank == node_rank and all(c == fast.local_core for c in cores), lay.placement_text()
         seen[exact] += 1
     assert seen[True] and seen[False]  # both outcomes exercised
+
+
+def test_the_binding_of_millions_of_ranks_reads_instances_not_ranks():
+    t = load_target("trn2u")
+    lay = build(t, 19968, {"tp": {"core": 4, "x": 2}, "dp": {"x": 2, "y": 4, "ring": 4, "efa": 19968}})
+    b = P.torchrun_binding(lay, t)
+    assert isinstance(b, P.TorchrunBinding) and b.nodes == 19968 * 4 and not b.bound
+    assert sorted(b.node_rank.values()) == list(range(b.nodes))
