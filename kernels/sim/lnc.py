@@ -14,10 +14,11 @@ them by thread timing: in numerics mode each shared allocation keeps, per elemen
 programs wrote and read it since the last synchronisation of the rank's programs, and an
 access that conflicts with another program's access in that interval raises
 ``RaceError`` naming both programs and instructions, whichever thread comes first. A
-write that leaves the values as they were conflicts with nothing but another program's
-writes of other values (two writes of the same values, or both programs copying a tensor
-onto itself: memory and every read end the same in either order); whether a write changes
-values is noted atomically with the write. A read
+write that leaves the values as the recorded accesses left them conflicts with nothing but
+another program's writes of other values (two writes of the same values, or both programs
+copying a tensor onto itself: memory and every read end the same in either order); a
+write is judged by the values it stored, kept with the write (not read back from memory
+the other program's thread may have written since). A read
 of shared elements nothing has written yet is not judged at once (the other program may
 be about to write them, which is a race, not a read of unwritten memory): it is recorded,
 a later write of those elements by another program in the same interval is a
@@ -58,8 +59,9 @@ class SharedHbm:
         self._tracked: dict[int, tuple[Allocation, np.ndarray, np.ndarray, np.ndarray, dict, np.ndarray]] = {}
         self._unwritten: list[tuple[int, int, str, NkiTensor, np.ndarray]] = []  # (program, seq, message, view, mask)
         self._seq = 0
-        # (program, id of the view) -> the elements its latest write changed (``write``)
-        self._changed: dict[tuple[int, int], np.ndarray] = {}
+        # (program, id of the view) -> (the view, the values its latest write stored): what
+        # the race check compares, not the memory another program may have written since
+        self._written: dict[tuple[int, int], tuple[NkiTensor, np.ndarray]] = {}
 
     def is_tracked(self, alloc: Allocation) -> bool:
         return alloc.id in self._tracked
@@ -97,14 +99,13 @@ class SharedHbm:
                     self._tracked[alloc.id] = (alloc, z, z.copy(), z.copy(), {}, np.array(alloc.data))
 
     def write(self, program: int, v: NkiTensor, value: np.ndarray) -> None:
-        """Store ``value`` in ``v`` of a tracked tensor and note which elements it changed,
-        both under the lock (the other program's thread may write the same elements)."""
+        """Store ``value`` in ``v`` of a tracked tensor and keep the values stored (under the
+        lock: the other program's thread may write the same elements before this
+        instruction's accesses are checked)."""
         with self._lock:
-            sel = v._gather_index() if v._rows is not None else None
-            before = np.array(self._values(v, v.alloc.data, sel))  # a copy (a reinterpreting view: all of it)
             v.assign(value)
-            now = self._values(v, v.alloc.data, sel)
-            self._changed[(program, id(v))] = ~((now == before) | ((now != now) & (before != before)))
+            sel = v._gather_index() if v._rows is not None else None
+            self._written[(program, id(v))] = (v, np.array(self._values(v, v.alloc.data, sel)))
 
     def access(self, program: int, label: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Check and record one instruction's accesses of tracked tensors."""
@@ -114,8 +115,8 @@ class SharedHbm:
             self._access(program, label, reads, writes)
         finally:
             with self._lock:
-                for key in [k for k in self._changed if k[0] == program]:
-                    del self._changed[key]
+                for key in [k for k in self._written if k[0] == program]:
+                    del self._written[key]
 
     def _access(self, program: int, label: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         bit = np.uint8(1 << program)
@@ -142,15 +143,16 @@ class SharedHbm:
                     # tensor onto itself)
                     clash = np.bitwise_and((w | r) if writing else c, others)
                     settled = changed = None
+                    now = None
                     if writing:
-                        changed = self._changed.get((program, id(v)))
-                        if changed is None or changed.shape != w.shape:
-                            # written other than through the context (or a different view of
-                            # it): against the data after the last recorded write
-                            now = self._values(v, alloc.data, sel)
-                            before = self._values(v, seen, sel)
-                            changed = ~((now == before) | ((now != now) & (before != before)))
-                        same = ~changed
+                        # this write's values (as stored; else the memory now) against the
+                        # memory as the recorded accesses left it
+                        stored = self._written.get((program, id(v)))
+                        now = stored[1] if stored is not None and stored[0] is v else \
+                            np.array(self._values(v, alloc.data, sel))
+                        before = self._values(v, seen, sel)
+                        same = (now == before) | ((now != now) & (before != before))
+                        changed = ~same
                         if clash.any():
                             settled = same & (np.bitwise_and(w, others) != 0)
                             clash = np.where(same, np.uint8(0), clash)
@@ -180,7 +182,7 @@ class SharedHbm:
                             cc = c if v._dtype is None else cmask
                             cc[settled] &= np.uint8(bit)
                     if writing:
-                        self._store(v, seen, alloc.data, sel)
+                        self._store(v, seen, now, sel)
                     who[program] = f"{'wrote' if writing else 'read'} in {label}"
                 if writing and self._unwritten:
                     self._check_read_before_write(program, label, v)
@@ -194,13 +196,14 @@ class SharedHbm:
         return flat
 
     @staticmethod
-    def _store(v: NkiTensor, seen: np.ndarray, data: np.ndarray, sel: Any) -> None:
+    def _store(v: NkiTensor, seen: np.ndarray, values: np.ndarray, sel: Any) -> None:
+        """Record ``values`` (shaped as ``_values`` gives them) as the view's memory."""
         if sel is not None:
-            seen[sel] = data[sel]
+            seen[sel] = values
         elif v._dtype is None:
-            v._strided(seen)[...] = v._strided(data)
+            v._strided(seen)[...] = values
         else:
-            seen[...] = data
+            seen[...] = values
 
     def _check_read_before_write(self, program: int, label: str, v: NkiTensor) -> None:
         for prog, _, msg, rv, mask in self._unwritten:
