@@ -698,17 +698,18 @@ def _rows16(tile: Any) -> np.ndarray:
     return np.concatenate([tile[32 * q:32 * q + 4] for q in range(4)])
 
 
-def _mx_deq(data: Any, scale16: Any) -> np.ndarray:
-    """float64 values [128, ..., 4] of a kernel's x4 tile with its 16 compact scale rows."""
-    data = np.asarray(data)
+def _x4_values(data: np.ndarray) -> np.ndarray:
+    """float64 values [..., 4] of x4 data (FP8 E4M3FN bytes or FP4 E2M1 nibbles)."""
     if data.dtype.names[0].startswith("float4"):
         bits = np.ascontiguousarray(data).view(np.uint16)
-        vals = _E2M1_VALUES[(bits[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF]
-    else:
-        bits = np.ascontiguousarray(data).view("<u4")
-        vals = bits[..., None].view(np.uint8).reshape(bits.shape + (4,)).view(ml_dtypes.float8_e4m3fn)
-        vals = vals.astype(np.float64)
-    return vals * _scale_of_partition(np.asarray(scale16))[..., None]
+        return _E2M1_VALUES[(bits[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF]
+    bits = np.ascontiguousarray(data).view("<u4")
+    return bits[..., None].view(np.uint8).reshape(bits.shape + (4,)).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _mx_deq(data: Any, scale16: Any) -> np.ndarray:
+    """float64 values [128, ..., 4] of a kernel's x4 tile with its 16 compact scale rows."""
+    return _x4_values(np.asarray(data)) * _scale_of_partition(np.asarray(scale16))[..., None]
 
 
 def _raw(a: Any) -> np.ndarray:
@@ -819,7 +820,8 @@ LIB_CASES += [
          post=_raw_outputs),
 ]
 
-def _mx_operand(rng: np.random.Generator, shape: tuple, kind: str, exp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mx_operand(rng: np.random.Generator, shape: tuple, kind: str,
+                exp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(x4 data [128, ...], its [128, ...] SBUF scale tile, float64 values [128, ..., 4]):
     scale exponents exp - 1 .. exp + 1."""
     data, vals = _mx_random(rng, shape, kind)
@@ -913,15 +915,6 @@ def ref_down_mx(act, act_s, w, ws, bias, aff, expert_idx):
 # significant bits, a few roundings): 2% of the tensor's scale
 LIB_CASES.append(_lib("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx", _down_mx_inputs,
                       lambda a, kw, r, al: ref_down_mx(*a, **kw), rtol=2e-2, atol=0, wrap=_wrap_down_mx))
-
-def _x4_values(data: np.ndarray) -> np.ndarray:
-    """float64 values [..., 4] of x4 data (FP8 E4M3FN bytes or FP4 E2M1 nibbles)."""
-    if data.dtype.names[0].startswith("float4"):
-        bits = np.ascontiguousarray(data).view(np.uint16)
-        return _E2M1_VALUES[(bits[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF]
-    bits = np.ascontiguousarray(data).view("<u4")
-    return bits[..., None].view(np.uint8).reshape(bits.shape + (4,)).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-
 
 def _mx_weights_dense(gw, gs, dw, ds_):
     """The dense float64 weights of the CTE MX layouts: gate/up [E, 128, 2, H/512, I] x4

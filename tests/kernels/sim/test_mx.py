@@ -179,8 +179,8 @@ def _fp8_x4_operands(rng, k, f, top=4):
 
 @pytest.mark.parametrize("dst_dtype,n", [(nl.bfloat16, 1024), (nl.float32, 1024)])
 def test_nc_matmul_mx_moving_free_size_may_span_psum_banks(dst_dtype, n):
-    """"nki.isa.nc_matmul_mx", Tile size: the moving free size may reach 4096 (float32 dst) or
-    8192 (bfloat16 dst), the whole PSUM, not only one 512-element bank as nc_matmul's."""
+    """The moving free size may reach 4096 (float32 dst) or 8192 (bfloat16 dst), the whole
+    PSUM, not only one 512-element bank as nc_matmul's ("nki.isa.nc_matmul_mx", Tile size)."""
     rng = np.random.default_rng(5)
     k, m = 32, 8
     a_bits, a = _fp8_x4_operands(rng, k, m, 1)
@@ -193,8 +193,8 @@ def test_nc_matmul_mx_moving_free_size_may_span_psum_banks(dst_dtype, n):
 
 @pytest.mark.parametrize("k,m,match", [(48, 8, "multiple of 32"), (128, 7, "even")])
 def test_nc_matmul_mx_refuses_partitions_off_32_and_odd_stationary_free_size(k, m, match):
-    """"nki.isa.nc_matmul_mx", Tile size: partitions a multiple of 32 up to 128; the stationary
-    free size even, at most 128."""
+    """Partitions a multiple of 32 up to 128; the stationary free size even, at most 128
+    ("nki.isa.nc_matmul_mx", Tile size)."""
     rng = np.random.default_rng(6)
     a_bits, _ = _fp8_x4_operands(rng, k, m)
     b_bits, _ = _fp8_x4_operands(rng, k, 16)
