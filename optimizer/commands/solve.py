@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     framework = framework_from_args(args)
     problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
                       lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework),
-                      recompute=framework.recompute, interleave=framework.interleaved, instance_blocks=True)
+                      recompute=framework.recompute, interleave=framework.interleaved, hsdp=framework.hsdp,
+                      instance_blocks=True)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
     # one deadline for the whole command: finding the domain count comes out of --time-limit
     deadline = time.perf_counter() + args.time_limit

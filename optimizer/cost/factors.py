@@ -14,8 +14,10 @@ layout:
 
     recompute, zero, micro_batch, interleave    the memory plan
     micro_batches                               m = global batch / (dp * micro_batch)
-    tp, cp, ep, pp, dp, edp, dp_replicate       degrees (dp: every data-parallel rank;
+    tp, cp, ep, pp, dp, edp                     degrees (dp: every data-parallel rank;
                                                 edp = dp // ep: the expert-data group)
+    hsdp                                        whether the sharded state is replicated
+                                                across the scale-out axis (dp_replicate > 1)
     span.tp, span.cp, span.ep, span.pp,         the axes (and factors) one group of the
     span.edp, span.dp                           dimension spans (span.dp: the dense
                                                 gradients' group, ep x edp)
@@ -212,7 +214,7 @@ def decisions(layout, workload) -> dict[str, Any]:
         "recompute": layout.recompute, "zero": layout.zero, "micro_batch": layout.micro_batch,
         "interleave": layout.interleave, "micro_batches": layout.micro_batches(workload),
         "tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "pp": layout.pp, "dp": layout.dp,
-        "edp": layout.dp // layout.ep, "dp_replicate": layout.dp_replicate,
+        "edp": layout.dp // layout.ep, "hsdp": layout.dp_replicate > 1,
         "span.tp": layout.span("tp"), "span.cp": layout.span("cp"), "span.ep": layout.span("ep"),
         "span.pp": layout.span("pp"), "span.edp": layout.span("dp"), "span.dp": layout.span("ep", "dp"),
     }

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, fields
 
 from trnopt.optimizer.cost import factors as f
-from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layout import Layout, hsdp_replicas
 from trnopt.optimizer.model.target import GIB, Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -164,8 +164,8 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
 
     A rank holds P_dense / (tp pp) = P_dense dp cp / R dense and P_expert edp cp / R expert
     parameters (R ranks); a kind of state sharded from ZeRO stage z on holds
-    bytes * cp * (P_dense + P_expert) / R from then, bytes * cp * (P_dense dp + P_expert edp) / R
-    before. Activations: the first stage's A(recompute, tp, cp) * b * L_s * min(m, pp) *
+    bytes * cp * (P_dense + P_expert) / R from then (times dp_replicate under HSDP, whose shards
+    span dp / dp_replicate ranks), bytes * cp * (P_dense dp + P_expert edp) / R before. Activations: the first stage's A(recompute, tp, cp) * b * L_s * min(m, pp) *
     interleave factor, or the last stage's one micro-batch plus its FP32 logits, whichever is
     larger, plus the working set of a recomputed layer; ZeRO-3 adds its gathered layers.
     Every kind is per rank times the ranks per chip c; fragmentation is a share of the sum.
@@ -175,13 +175,16 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
     experts = mdl.expert_params()
     dense = mdl.total_params() - experts
 
+    # HSDP shards over dp / dp_replicate ranks: a sharded kind is dp_replicate times larger
+    replicas = f.count(("hsdp", "span.dp"), lambda h, sp: hsdp_replicas(sp) if h else 1, "hsdp_replicas")
+
     def state(bytes_per_param: int, stage: int, name: str) -> f.Expr:
         before = f.count("zero", lambda z: bytes_per_param if z < stage else 0, name + "_unsharded")
         after = f.count("zero", lambda z: bytes_per_param if z >= stage else 0, name + "_sharded")
         return f.prod(f.decision("cp"), f.add(
             f.prod(before, f.table("dp", lambda dp: dense * dp / R, "dense_per_rank")),
             f.prod(before, f.table("edp", lambda edp: experts * edp / R, "experts_per_rank")),
-            f.prod(after, coef=(dense + experts) / R)), coef=c, name=name)
+            f.prod(after, replicas, coef=(dense + experts) / R)), coef=c, name=name)
 
     pp = f.decision("pp")
     b = f.decision("micro_batch")

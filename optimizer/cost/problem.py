@@ -38,6 +38,9 @@ class Problem:
     """Recomputation modes to search (those the framework runs)."""
     interleave: bool = True
     """Whether interleaved pipeline stages may be searched (the framework has the schedule)."""
+    hsdp: bool = False
+    """Whether HSDP may be searched: the sharded state replicated across the scale-out axis
+    (``Layout.dp_replicate``; the framework runs FSDP on a 2-D mesh)."""
     instance_blocks: bool = False
     """Only placements in which every instance holds one block of consecutive ranks, as
     torchrun numbers them (node_rank * nproc_per_node + local_rank) with a free node order

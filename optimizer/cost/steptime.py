@@ -36,8 +36,14 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   experts' over edp: cp * P g n k / R + lambda per group (n the group's size), overlapped
   with the backward of the last micro-batch except the last bucket (one layer's):
       exposed = max(G / L_s, G - backward share * W / m).
+  HSDP (PyTorch FSDP2 ``fully_shard`` on a 2-D mesh, Zhao et al. 2023 "PyTorch FSDP"
+  sec. 3.2.1): that reduction runs over the shard group (the span inside a domain), and
+  the replicas then all-reduce one shard, cp * P g k / R * (n / n_shard) bytes per rank
+  over the scale-out axis (ZeRO-1: the whole gradient, nothing being sharded before the
+  step).
 - ZeRO-3: weights all-gathered forward and backward for every micro-batch, prefetched
-  under compute except the first layer's: max(g / L_s, 2 m g - compute), g one gather.
+  under compute except the first layer's: max(g / L_s, 2 m g - compute), g one gather
+  (over the shard group under HSDP).
 - Optimizer: Adam reads and writes the rank's state once, at HBM bandwidth.
 """
 
@@ -53,7 +59,7 @@ from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.compute import head_seconds, layer_time
 from trnopt.optimizer.cost.overlap import tp_hidden
-from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layout import Layout, hsdp_spans
 from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -237,27 +243,49 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     experts = mdl.expert_params()
     dense = mdl.total_params() - experts
 
-    def group_time(op: str, bytes_per_param: float, name: str) -> f.Expr:
-        def bw(params):
-            return lambda sp: params * bytes_per_param * _span_size(sp) * per_byte(op, sp) / R
+    def sync(kind: str, params: float, z: int, hsdp: bool, sp) -> tuple[float, float]:
+        """(seconds per unit of cp, fixed seconds) of one step's gradient reduction ("grads",
+        before the ZeRO share) or one ZeRO-3 gather ("gather") of ``params`` over the
+        data-parallel span ``sp``; under HSDP over its shard group, plus the replicas'
+        all-reduce of the shard."""
+        shard, replicas = hsdp_spans(sp) if hsdp else (sp, ())
+        op, per_param = ("all_gather", tr.weight_bytes) if kind == "gather" else ("all_reduce", tr.grad_bytes)
+        size = params * per_param * _span_size(sp) / R  # bytes of the stage's full gradients (weights) per cp
+        seconds, fixed_s = size * per_byte(op, shard), fixed(op, shard)
+        if kind == "grads" and replicas:
+            share = _span_size(shard) if z >= 2 else 1  # the shard the replicas exchange
+            # counted twice here: the ZeRO share below halves this term for ZeRO-3 only
+            twice = 2 if z == 3 else 1
+            seconds += twice * size / share * per_byte("all_reduce", replicas)
+            fixed_s += twice * fixed("all_reduce", replicas)
+        return seconds, fixed_s
+
+    def group_time(kind: str, name: str) -> f.Expr:
+        # the ZeRO stage matters to the gradients only (what the replicas exchange)
+        keys = ("zero", "hsdp") if kind == "grads" else ("hsdp",)
+
+        def part(params: float, i: int):
+            if kind == "grads":
+                return lambda z, h, sp: sync(kind, params, z, h, sp)[i]
+            return lambda h, sp: sync(kind, params, 3, h, sp)[i]
         cpd = f.decision("cp")
-        parts = [f.prod(cpd, f.table("span.dp", bw(dense), name + "_dense_bw")),
-                 f.table("span.dp", lambda sp: fixed(op, sp), name + "_dense_lat")]
+        parts = [f.prod(cpd, f.table((*keys, "span.dp"), part(dense, 0), name + "_dense_bw")),
+                 f.table((*keys, "span.dp"), part(dense, 1), name + "_dense_lat")]
         if experts:
-            parts += [f.prod(cpd, f.table("span.edp", bw(experts), name + "_expert_bw")),
-                      f.table("span.edp", lambda sp: fixed(op, sp), name + "_expert_lat")]
+            parts += [f.prod(cpd, f.table((*keys, "span.edp"), part(experts, 0), name + "_expert_bw")),
+                      f.table((*keys, "span.edp"), part(experts, 1), name + "_expert_lat")]
         return f.add(*parts, name=name)
 
     layers_per_stage = f.count("pp", layers, "layers_per_stage")
     # ZeRO-3 reduce-scatters only: half an all-reduce's bytes and hops
     halves = f.count("zero", lambda z: 1 if z == 3 else 2, "dp_halves")
-    grads = f.ratio(f.prod(halves, group_time("all_reduce", tr.grad_bytes, "dp_all_reduce")), 2, name="dp_comm")
+    grads = f.ratio(f.prod(halves, group_time("grads", "dp_all_reduce")), 2, name="dp_comm")
     window = f.ratio(f.prod(f.count("recompute", BACKWARD_TWELFTHS.get, "backward_twelfths"), work),
                      f.prod(m, coef=12), name="dp_window")
     dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
 
     # ZeRO-3: the indicator first, so that no product of a huge gather outgrows the solver's range
-    gather = f.prod(f.indicator("zero", lambda z: z == 3, "zero3"), group_time("all_gather", tr.weight_bytes, "z3"))
+    gather = f.prod(f.indicator("zero", lambda z: z == 3, "zero3"), group_time("gather", "z3"))
     zero3 = f.maximum(f.ratio(gather, layers_per_stage), f.sub(f.prod(m, gather, coef=2), compute), name="zero3")
 
     # optimizer: 2 * state bytes of the rank's (sharded) parameters at HBM bandwidth per rank

@@ -45,7 +45,10 @@ class Layout:
     lnc: int = 2
     dp_replicate: int = 1
     """HSDP: replicas of the sharded state (torchtitan's data_parallel_replicate_degree). The
-    ZeRO/FSDP shards span dp_shard = dp // dp_replicate ranks; 1 shards over all of dp."""
+    ZeRO/FSDP shards span dp_shard = dp // dp_replicate ranks; 1 shards over all of dp. trnopt
+    replicates across the scale-out network only: dp_replicate is 1 or dp's factor on the
+    scale-out axis (the shards stay inside a domain, on its fast links; the replicas
+    exchange one shard's gradients over EFA), without expert parallelism."""
 
     def __post_init__(self):
         def bad(key: str, rule: str):
@@ -61,6 +64,8 @@ class Layout:
             bad("dp_replicate", f"must be >= 1 and divide dp // ep = {self.dp // self.ep}, got {self.dp_replicate}")
         if self.dp_replicate > 1 and self.zero == 0:
             bad("dp_replicate", "HSDP replicates sharded state: it needs ZeRO >= 1")
+        if self.dp_replicate > 1 and self.ep > 1:
+            bad("dp_replicate", "HSDP with expert parallelism is not modelled: dp_replicate must be 1 when ep > 1")
         if self.zero not in (0, 1, 2, 3):
             bad("zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         if self.recompute not in RECOMPUTE:
@@ -83,6 +88,9 @@ class Layout:
             if math.prod(row) != self.placement_degree(dim):
                 bad("placement", f"{dim} occupies {'*'.join(map(str, row))} = {math.prod(row)} ranks "
                     f"but its degree is {self.placement_degree(dim)}")
+        if self.dp_replicate > 1 and self.dp_replicate != hsdp_replicas(self.span("dp")):
+            bad("dp_replicate", f"HSDP replicates across the scale-out network: dp_replicate must be 1 or dp's factor "
+                f"on the scale-out axis ({hsdp_replicas(self.span('dp'))}), got {self.dp_replicate}")
 
     @property
     def dp_shard(self) -> int:
@@ -239,3 +247,16 @@ def parse_placement(text: str, axes: tuple[Axis, ...], source: str = "--placemen
                 raise InputError(source, f"{dim}={item}", f"the factor must divide the axis size {axes[j].size}")
             rows[dim][j] *= factor
     return tuple(tuple(rows[d]) for d in DIMS)
+
+
+def hsdp_spans(span: tuple[tuple[Axis, int], ...]) -> tuple[tuple[tuple[Axis, int], ...], tuple[tuple[Axis, int], ...]]:
+    """(shard group, replica group) of an HSDP data-parallel span: the shard is the span inside
+    a domain, the replicas its scale-out factor (torchtitan's mesh puts dp_replicate outside
+    dp_shard, so the replicas are the slower digits)."""
+    return (tuple((a, n) for a, n in span if a.kind != "scale_out"),
+            tuple((a, n) for a, n in span if a.kind == "scale_out"))
+
+
+def hsdp_replicas(span: tuple[tuple[Axis, int], ...]) -> int:
+    """dp_replicate of an HSDP layout whose data-parallel group spans ``span``."""
+    return math.prod(n for _, n in hsdp_spans(span)[1])

@@ -95,6 +95,8 @@ class LayoutModel(IntModel):
         self.micro = self.one_hot(space.micro_batches, "micro_batch")
         self.interleaves = space.interleaves if "pp" in self.active else (1,)
         self.inter = self.one_hot(self.interleaves, "interleave")
+        self.hsdp_values = space.hsdp_values
+        self.hsdp = self.one_hot(self.hsdp_values, "hsdp")
         # micro-batches per step
         self.m = self.var(1, self.problem.workload.training.global_batch, "micro_batches")
         # dp = ep * edp, and its index among the products of the candidates
@@ -132,13 +134,13 @@ class LayoutModel(IntModel):
             return self.dp_index, self.dp_values
         one_hots = {"recompute": (self.rc, self.recompute_values), "zero": (self.zero, self.zero_values),
                     "micro_batch": (self.micro, self.space.micro_batches),
-                    "interleave": (self.inter, self.interleaves)}
+                    "interleave": (self.inter, self.interleaves), "hsdp": (self.hsdp, self.hsdp_values)}
         if key in one_hots:
             bools, values = one_hots[key]
             return self.index(bools), list(values)
         if key in self.active:
             return self.index(self.deg[key]), list(self.degree_values[key])
-        if key in PLACED or key == "dp_replicate":
+        if key in PLACED:
             return const(0), [1]
         raise KeyError(f"no decision named {key!r} in the layout model")
 
@@ -209,6 +211,8 @@ class LayoutModel(IntModel):
                         md.add_bool_or([pp_lit.Not(), v_lit.Not()])
                 # interleaved 1F1B runs the micro-batches in groups of pp
                 md.add_modulo_equality(0, self.m.expr, pp.expr).only_enforce_if(v_lit)
+        if len(self.hsdp_values) > 1:
+            self._hsdp()
         if self.problem.instance_blocks:
             self._instance_blocks()
         self.memory = self.add(*(self.tabulator.compile(e, 1.0) for e in self.memories.values()))
@@ -216,6 +220,24 @@ class LayoutModel(IntModel):
             # the plan fits the HBM less the headroom
             usable = int(self.problem.target.chip.hbm_bytes * (1 - self.problem.headroom))
             md.add(self.memory.expr <= usable)
+
+    def _hsdp(self):
+        """HSDP's rules, enforced by its literal (space.Space.layouts holds the same ones)."""
+        md, on = self.model, self.hsdp[self.hsdp_values.index(True)]
+        edp = self.place.get("edp")
+        if edp is None:  # no data parallelism to replicate
+            md.add(on == 0)
+            return
+        # the replicas are dp's factor on the scale-out axis: more than one
+        md.add(edp[-1][0] == 0).only_enforce_if(on)
+        # and the shards span more than one rank: some factor > 1 inside the domain
+        md.add_bool_or([row[0].Not() for row in edp[:-1]] + [on.Not()])
+        # the sharded state needs ZeRO; HSDP with expert parallelism is not modelled
+        for z, lit in zip(self.zero_values, self.zero):
+            if z == 0:
+                md.add_bool_or([lit.Not(), on.Not()])
+        if "ep" in self.active:
+            md.add(self.deg["ep"][list(self.degree_values["ep"]).index(1)] == 1).only_enforce_if(on)
 
     def _instance_blocks(self):
         """Every instance holds one block of consecutive ranks (torchrun's numbering).
@@ -354,7 +376,8 @@ class LayoutModel(IntModel):
                 yield b, v == math.prod(row)
         for values, bools, chosen in ((self.zero_values, self.zero, layout.zero), (self.recompute_values, self.rc, layout.recompute),
                                       (self.space.micro_batches, self.micro, layout.micro_batch),
-                                      (self.interleaves, self.inter, layout.interleave)):
+                                      (self.interleaves, self.inter, layout.interleave),
+                                      (self.hsdp_values, self.hsdp, layout.dp_replicate > 1)):
             for v, b in zip(values, bools):
                 yield b, v == chosen
 
@@ -387,7 +410,8 @@ class LayoutModel(IntModel):
         return Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["edp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
                       axes=self.space.axes, placement=tuple(rows), zero=pick(self.zero_values, self.zero),
                       recompute=pick(self.recompute_values, self.rc), micro_batch=pick(self.space.micro_batches, self.micro),
-                      interleave=pick(self.interleaves, self.inter), lnc=self.space.lnc)
+                      interleave=pick(self.interleaves, self.inter), lnc=self.space.lnc,
+                      dp_replicate=rows[DIMS.index("dp")][-1] if pick(self.hsdp_values, self.hsdp) else 1)
 
 
 def check_agreement(lm: LayoutModel, solver: cp_model.CpSolver, e: Evaluation):

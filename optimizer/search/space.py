@@ -114,6 +114,12 @@ class Space:
         batch = self.problem.workload.training.global_batch
         return tuple(b for b in range(1, min(batch, MAX_MICRO_BATCH) + 1) if batch % b == 0)
 
+    @property
+    def hsdp_values(self) -> tuple[bool, ...]:
+        """False, and True where the problem allows HSDP and there is a scale-out axis to replicate across."""
+        return (False, True) if self.problem.hsdp and self.axes[-1].kind == "scale_out" and self.axes[-1].size > 1 \
+            else (False,)
+
     def active(self, dim: str) -> bool:
         return len(self.degrees[dim]) > 1
 
@@ -125,7 +131,8 @@ class Space:
             # ordered factorizations of the axis size into n_dims factors
             placements *= math.prod(math.comb(e + n_dims - 1, n_dims - 1)
                                     for e in prime_exponents(axis.size).values())
-        return placements * len(self.micro_batches) * len(self.interleaves) * len(self.problem.zero_stages) * len(self.problem.recompute)
+        return (placements * len(self.micro_batches) * len(self.interleaves) * len(self.problem.zero_stages)
+                * len(self.problem.recompute) * len(self.hsdp_values))
 
     def placements(self) -> Iterator[tuple[tuple[int, ...], ...]]:
         """Every placement whose degrees are candidates, as rows in DIMS order."""
@@ -145,13 +152,17 @@ class Space:
         workload = self.problem.workload
         for rows in self.placements():
             deg = {d: math.prod(r) for d, r in zip(DIMS, rows)}
-            for b, v, zero, rc in itertools.product(self.micro_batches, self.interleaves, self.problem.zero_stages,
-                                                    self.problem.recompute):
+            replicas = rows[DIMS.index("dp")][-1] if self.axes[-1].kind == "scale_out" else 1
+            for b, v, zero, rc, hsdp in itertools.product(self.micro_batches, self.interleaves, self.problem.zero_stages,
+                                                          self.problem.recompute, self.hsdp_values):
                 if v > 1 and deg["pp"] == 1:
+                    continue
+                # HSDP: replicas across the scale-out axis, shards of more than one rank, ZeRO, no EP
+                if hsdp and (replicas == 1 or deg["dp"] == replicas or zero == 0 or deg["ep"] > 1):
                     continue
                 layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
                                 axes=self.axes, placement=rows, zero=zero, recompute=rc, micro_batch=b,
-                                interleave=v, lnc=self.lnc)
+                                interleave=v, lnc=self.lnc, dp_replicate=replicas if hsdp else 1)
                 if layout.workload_problems(workload):
                     continue
                 if self.problem.instance_blocks and not instance_blocks_hold(

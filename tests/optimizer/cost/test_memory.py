@@ -7,11 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trnopt.optimizer.cost.evaluate import evaluate
+from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.cost.memory import (activation_bytes_per_layer, memory_per_chip, sharded_state_per_chip,
                                      training_state_bytes, zero_state_per_chip)
 from trnopt.optimizer.model.target import GIB, load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
+
+from hsdp_layouts import hsdp_pair
 
 SEED_PARAMS = 405e9  # the seed documents count Llama 3 405B as 405e9 parameters
 
@@ -113,3 +116,17 @@ def test_zero3_buffers_fp32_logits_and_fragmentation_are_counted():
     e3 = _shipped("llama3-8b", 1, 16, 1, 4, "full")
     assert e3.memory.gathered == 0 and e3.memory.fragmentation == pytest.approx(
         (e3.memory.total - e3.memory.reserve - e3.memory.fragmentation) / 20)
+
+
+def test_hsdp_shards_over_dp_shard_ranks_only():
+    w, t, plain, hsdp = hsdp_pair()
+    a, b = memory_per_chip(w, plain, t), memory_per_chip(w, hsdp, t)
+    for kind in ("weights", "gradients", "optimizer"):
+        assert getattr(b, kind) == pytest.approx(4 * getattr(a, kind))  # 16-way shards become 4-way
+    assert b.activations == a.activations and b.gathered == a.gathered
+
+
+def test_hsdp_must_replicate_across_the_scale_out_axis():
+    _, _, plain, _ = hsdp_pair()
+    with pytest.raises(InputError, match="dp_replicate"):
+        dataclasses.replace(plain, dp_replicate=2)  # not dp's factor on efa (4)

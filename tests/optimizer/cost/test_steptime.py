@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trnopt.optimizer.cost.evaluate import evaluate
-from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layout import Layout, hsdp_spans
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.cost.steptime import model_flops, step_time
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
+
+from hsdp_layouts import hsdp_pair
 
 
 def tp16(ring: bool) -> tuple:
@@ -79,3 +81,15 @@ def test_properties_over_valid_layouts(index, factor):
     faster_axes = tuple(dataclasses.replace(a, bandwidth=a.bandwidth * factor) for a in lay.axes)
     faster = dataclasses.replace(lay, axes=faster_axes)
     assert step_time(p.workload, faster, p.target).total <= e.step.total * (1 + 1e-12)
+
+
+def test_hsdp_gathers_inside_the_domain_and_the_replicas_exchange_one_shard():
+    w, t, plain, hsdp = hsdp_pair()
+    a, b = step_time(w, plain, t), step_time(w, hsdp, t)
+    assert b.compute == a.compute and b.tp == a.tp
+    # one ZeRO-3 gather: over 16 ranks across EFA, or over the 4 inside a server
+    shard, replicas = hsdp_spans(plain.span("dp"))
+    assert [a.name for a, _ in shard] == ["switch"] and [a.name for a, _ in replicas] == ["efa"]
+    assert b.zero3 < a.zero3 / 10
+    # the gradients: a reduce-scatter inside the server plus an all-reduce of a quarter of them over EFA
+    assert b.dp != a.dp

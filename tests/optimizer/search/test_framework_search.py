@@ -1,13 +1,14 @@
 """The search proposes only what the framework can run: torchtitan's launch can produce every layout."""
 
 import os
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.frameworks.profile import NXD, TORCHTITAN
-from trnopt.optimizer.model.target import parse_target
+from trnopt.optimizer.model.target import load_target, parse_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model, parse_model
 from trnopt.optimizer.search.bruteforce import brute_force
 from trnopt.optimizer.search.driver import solve_space
@@ -49,13 +50,14 @@ def test_every_layout_proposed_under_torchtitan_is_producible_and_optimal_among_
                          "ffn": 1024, "vocab": 1000}, "hypothesis")
     problem = Problem(Workload(model, Training(seq=512, global_batch=12)), target, domains,
                       zero_stages=TORCHTITAN.zero_stages, recompute=TORCHTITAN.recompute,
-                      interleave=TORCHTITAN.interleaved, instance_blocks=True)
+                      interleave=TORCHTITAN.interleaved, hsdp=TORCHTITAN.hsdp, instance_blocks=True)
     result = solve_space(Space(problem, 1), time_limit=30, workers=1)
     assert result.status in ("OPTIMAL", "INFEASIBLE")
-    # the referee enumerates the same space (the same block rule); every layout in it is one the
-    # framework's launch can produce (its exact check)
+    # the referee enumerates the same space (the same block rule, HSDP included); every layout in
+    # it is one the framework runs and its launch can produce
     best = brute_force(problem).best
     for layout in Space(problem, 1).layouts():
+        assert TORCHTITAN.supports(layout) is None, layout.describe()
         assert TORCHTITAN.producible(layout, target) is None, layout.placement_text()
     if best is None:
         assert result.status == "INFEASIBLE"
@@ -88,3 +90,23 @@ def _trn2_like() -> dict:
             "efficiency": {"matmul": 0.5, "elementwise": 0.5, "microbatch_overhead_us": 0, "collective_fixed_share": 1,
                            "fitted_on": "test"},
             "engines": ENGINES}
+
+
+def test_hsdp_is_chosen_where_it_wins_and_the_same_layout_without_it_is_slower():
+    # 70B, short sequences: one micro-batch's compute is short, so FSDP's per-micro-batch
+    # gathers across the scale-out network are exposed; HSDP keeps them inside the domain
+    problem = Problem(Workload(load_model("llama3-70b"), Training(seq=1024, global_batch=1024)),
+                      load_target("trn3-gen2"), 4, zero_stages=TORCHTITAN.zero_stages,
+                      recompute=TORCHTITAN.recompute, interleave=TORCHTITAN.interleaved, hsdp=TORCHTITAN.hsdp,
+                      instance_blocks=True)
+    result = solve_space(Space(problem, 2), time_limit=120, workers=1, deterministic_limit=30)
+    hsdp = result.evaluation.layout
+    assert hsdp.dp_replicate == 4 and hsdp.dp_shard > 1, hsdp.describe()
+    assert TORCHTITAN.supports(hsdp) is None and TORCHTITAN.producible(hsdp, problem.target) is None
+    plain = problem.evaluate(replace(hsdp, dp_replicate=1))
+    assert plain.step.zero3 > 10 * result.evaluation.step.zero3
+    assert problem.score(plain) > problem.score(result.evaluation)
+    # under nxd (no HSDP) the same problem never proposes it
+    nxd = solve_space(Space(replace(problem, hsdp=NXD.hsdp, zero_stages=NXD.zero_stages), 2), time_limit=120,
+                      workers=1, deterministic_limit=30)
+    assert nxd.evaluation is None or nxd.evaluation.layout.dp_replicate == 1
