@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from trnopt.optimizer.model.layout import recompute_mix
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -110,7 +111,8 @@ class LayerTime:
         (input and weight gradients), of elementwise work two passes; full recompute repeats
         the forward, selective the attention core, MLP-only the MLP's matmuls."""
         backward = 2 * self.matmuls + self.attention_backward + 2 * self.elementwise
-        repeat = {"none": 0.0, "selective": self.attention_core, "full": self.forward, "mlp": self.mlp}[recompute]
+        repeats = {"none": 0.0, "selective": self.attention_core, "full": self.forward, "mlp": self.mlp}
+        repeat = sum(share * repeats[mode] for mode, share in recompute_mix(recompute))  # every-n: the mean layer
         return self.forward + backward + repeat
 
 

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, fields
 
 from trnopt.optimizer.cost import factors as f
-from trnopt.optimizer.model.layout import Layout, hsdp_replicas
+from trnopt.optimizer.model.layout import Layout, every_nth, hsdp_replicas, recompute_mix
 from trnopt.optimizer.model.target import GIB, Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -59,7 +59,10 @@ def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch
 
     Flash attention (the default) never stores the a*s^2 scores, so the 5as/h term appears
     only without it. MLP-only recompute keeps the attention's 11, the norms' 4 and the MLP's
-    input (2), and recomputes the MLP's interior."""
+    input (2), and recomputes the MLP's interior. Every n-th layer in full: the mean layer."""
+    if every_nth(recompute):
+        return sum(share * activation_bytes_per_layer(workload, tp, cp, micro_batch, mode)
+                   for mode, share in recompute_mix(recompute))
     m, tr = workload.model, workload.training
     s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
     mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
@@ -76,9 +79,12 @@ def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch
 
 def recompute_working_set(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:
     """Bytes a recomputed layer holds while its backward runs: the layer's activations as if
-    nothing were recomputed (one layer, one micro-batch), beyond what it keeps."""
+    nothing were recomputed (one layer, one micro-batch), beyond what it keeps (every n-th
+    layer in full: that of a fully recomputed layer)."""
     if recompute == "none":
         return 0.0
+    if every_nth(recompute):
+        recompute = "full"
     return (activation_bytes_per_layer(workload, tp, cp, micro_batch, "none")
             - activation_bytes_per_layer(workload, tp, cp, micro_batch, recompute))
 

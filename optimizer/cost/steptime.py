@@ -59,13 +59,21 @@ from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.compute import head_seconds, layer_time
 from trnopt.optimizer.cost.overlap import tp_hidden
-from trnopt.optimizer.model.layout import Layout, hsdp_spans
+from trnopt.optimizer.model.layout import Layout, full_layers, hsdp_spans, recompute_mix
 from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
 BACKWARD_SHARE = {"none": 2 / 3, "selective": 2 / 3, "mlp": 3 / 4, "full": 3 / 4}  # of a micro-batch's compute (a
 # recomputed part runs in the backward window)
-BACKWARD_TWELFTHS = {rc: round(12 * share) for rc, share in BACKWARD_SHARE.items()}  # exact: 8, 8, 9, 9
+
+
+def backward_144ths(recompute: str) -> int:
+    """The backward share of a micro-batch's compute in 144ths, exact for every mode (every-n:
+    the mean of its layers'; 144 = 12 * 12 holds the twelfths and their halves and quarters)."""
+    share = sum(s * BACKWARD_SHARE[mode] for mode, s in recompute_mix(recompute))
+    out = round(144 * share)
+    assert abs(out - 144 * share) < 1e-9, f"{recompute}: backward share {share} is not a whole number of 144ths"
+    return out
 
 
 def model_flops(workload: Workload) -> float:
@@ -84,14 +92,16 @@ def ideal_compute_time(workload: Workload, target: Target, ranks: int, lnc: int)
     return model_flops(workload) / (ranks * peak_flops_per_rank(target, lnc))
 
 
-def tp_collectives_per_layer(recompute: str) -> int:
-    """All-reduce equivalents per layer and micro-batch: 4, or 6 with full recompute."""
-    return 6 if recompute == "full" else 4
+def tp_collectives(recompute: str, layers: int) -> int:
+    """All-reduce equivalents of a stage's ``layers`` per micro-batch: 4 a layer, 6 for a layer
+    recomputed in full (its forward's 2 again)."""
+    return 4 * layers + 2 * full_layers(recompute, layers)
 
 
-def ep_alltoalls_per_layer(recompute: str) -> int:
-    """Dispatch + combine, forward + backward: 4, or 6 with full recompute."""
-    return 6 if recompute == "full" else 4
+def ep_alltoalls(recompute: str, layers: int) -> int:
+    """Dispatch + combine, forward + backward, of a stage's MoE ``layers``: 4 a layer, 6 for a
+    layer recomputed in full."""
+    return 4 * layers + 2 * full_layers(recompute, layers)
 
 
 @dataclass(frozen=True)
@@ -203,10 +213,10 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         def kept(span):
             return 1 - tp_hidden(overlap, span) if hides else 1.0
         return f.add(
-            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives_per_layer(rc) * layers(pp) * pp, "tp_npp"),
+            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)) * pp, "tp_npp"),
                    f.table("span.tp", lambda sp: kept(sp) * B * s * h * a * _span_size(sp)
                            * per_byte("all_reduce", sp) / R, name + "_bw")),
-            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives_per_layer(rc) * layers(pp), "tp_nl"), m,
+            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)), "tp_nl"), m,
                    f.table("span.tp", lambda sp: kept(sp) * fixed("all_reduce", sp), name + "_lat")), name=name)
 
     tp_raw, tp = tp_term(False, "tp_raw"), tp_term(True, "tp")
@@ -225,9 +235,9 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     # EP: n M_s pp B s top_k h a k / R + n M_s m lambda
     top_k = mdl.moe.top_k if mdl.moe else 0
     ep = f.add(
-        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls_per_layer(rc) * moe_layers(pp) * pp, "ep_npp"),
+        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls(rc, moe_layers(pp)) * pp, "ep_npp"),
                f.table("span.ep", lambda sp: B * s * top_k * h * a * per_byte("all_to_all", sp) / R, "ep_bw")),
-        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls_per_layer(rc) * moe_layers(pp), "ep_nl"), m,
+        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls(rc, moe_layers(pp)), "ep_nl"), m,
                f.table("span.ep", lambda sp: fixed("all_to_all", sp), "ep_lat")), name="ep")
 
     # pipeline sends: v (2 B pp s h a k / R + 2 m lambda)
@@ -280,8 +290,8 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     # ZeRO-3 reduce-scatters only: half an all-reduce's bytes and hops
     halves = f.count("zero", lambda z: 1 if z == 3 else 2, "dp_halves")
     grads = f.ratio(f.prod(halves, group_time("grads", "dp_all_reduce")), 2, name="dp_comm")
-    window = f.ratio(f.prod(f.count("recompute", BACKWARD_TWELFTHS.get, "backward_twelfths"), work),
-                     f.prod(m, coef=12), name="dp_window")
+    window = f.ratio(f.prod(f.count("recompute", backward_144ths, "backward_144ths"), work),
+                     f.prod(m, coef=144), name="dp_window")
     dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
 
     # ZeRO-3: the indicator first, so that no product of a huge gather outgrows the solver's range

@@ -42,7 +42,7 @@ import functools
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.layout import DIMS, EVERY_NTH, RECOMPUTE, Layout
 from trnopt.optimizer.model.placement import instance_prefix, instance_ranks, rank_of
 from trnopt.optimizer.model.target import Target
 
@@ -93,9 +93,6 @@ class FrameworkProfile:
     """ZeRO stages it implements (``Layout.zero``); the search passes them to ``Problem.zero_stages``."""
     recompute: tuple[str, ...]
     """``Layout.recompute`` values it runs ("none", "selective", "full")."""
-    recompute_every_nth_layer: bool
-    """Whether it can also checkpoint every n-th layer fully (torchtitan ``selective_ac_option = "n"``);
-    trnopt's Layout has no such decision yet, so the search may ignore it."""
     schedules: tuple[str, ...]
     """Names of the pipeline schedules it offers (the framework's spelling)."""
     plain_schedule: str
@@ -198,9 +195,8 @@ TORCHTITAN = FrameworkProfile(
     # without TP/PP/CP (torchtitan/models/llama3/infra/parallelize.py), so ZeRO-0/1/2 are not offered.
     zero_stages=(3,),
     # activation_checkpoint.mode none | selective | full; selective is selective_ac_option "op"
-    # (torchtitan/distributed/activation_checkpoint.py) or "n" for every n-th layer.
-    recompute=("none", "selective", "full"),
-    recompute_every_nth_layer=True,
+    # (torchtitan/distributed/activation_checkpoint.py) or "n" for every n-th layer (every-n).
+    recompute=("none", "selective", "full", *(f"every-{n}" for n in EVERY_NTH)),
     # parallelism.pipeline_parallel_schedule (torch.distributed.pipelining schedules)
     schedules=("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
                "DualPipeV"),
@@ -217,7 +213,6 @@ NXD = FrameworkProfile(
     version="NeuronX Distributed Training (Neuron SDK 2.29, legacy)",
     zero_stages=(0, 1),                          # distributed_strategy.zero1 (optimizer state sharded over DP)
     recompute=("none", "selective", "full"),     # model.activations_checkpoint_granularity null | selective | full
-    recompute_every_nth_layer=False,
     schedules=("1F1B", "interleaved 1F1B"),      # virtual_pipeline_model_parallel_size > 1 interleaves
     plain_schedule="1F1B",
     interleaved_schedule="interleaved 1F1B",

@@ -29,7 +29,7 @@ import math
 
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.frameworks.profile import TORCHTITAN
-from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layout import EVERY_NTH, Layout
 from trnopt.optimizer.model.target import GIB, Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -45,7 +45,8 @@ MODEL_PRESETS = {
 }
 
 # trnopt recompute -> (activation_checkpoint.mode, selective_ac_option or None)
-AC_MODES = {"none": ("none", None), "selective": ("selective", "op"), "full": ("full", None)}
+AC_MODES = {"none": ("none", None), "selective": ("selective", "op"), "full": ("full", None),
+            **{f"every-{n}": ("selective", str(n)) for n in EVERY_NTH}}
 
 
 def layers_per_stage(layers: int, stages: int, first_less: int = 1, last_less: int = 1) -> int | None:
@@ -105,9 +106,12 @@ def job_config(workload: Workload, target: Target, layout: Layout) -> dict[str, 
     }
     mode, option = AC_MODES[lay.recompute]
     ac = {"mode": (mode, f"trnopt recompute: {lay.recompute}")}
-    if option is not None:
+    if option == "op":
         ac["selective_ac_option"] = (option, "per-op SAC: saves matmul and attention outputs (every second "
                                      "mm recomputed); trnopt costs it as Korthikanti et al.'s selective recompute")
+    elif option is not None:
+        ac["selective_ac_option"] = (option, f"every {option}-th transformer block of a stage checkpointed in full, "
+                                     "the others keep their activations")
     out: dict[str, dict[str, tuple[object, str]]] = {
         "job": {"description": (f"trnopt: {workload.model.name} on {lay.domains} x {target.name}, "
                                 f"{lay.describe()}", "")},

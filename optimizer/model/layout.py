@@ -20,7 +20,29 @@ from trnopt.optimizer.model.target import Axis
 from trnopt.optimizer.model.workload import Workload
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
-RECOMPUTE = ("none", "selective", "mlp", "full")
+EVERY_NTH = (2, 4)
+"""n of the "every-n" recompute modes: every n-th layer of a stage recomputed in full, the
+others not (torchtitan's activation_checkpoint mode "selective" with selective_ac_option "n":
+torchtitan/distributed/activation_checkpoint.py wraps the i-th block when i % n == 0)."""
+RECOMPUTE = ("none", "selective", "mlp", "full") + tuple(f"every-{n}" for n in EVERY_NTH)
+
+
+def every_nth(recompute: str) -> int:
+    """n of an "every-n" recompute mode; 0 for the others."""
+    return int(recompute[len("every-"):]) if recompute.startswith("every-") else 0
+
+
+def recompute_mix(recompute: str) -> tuple[tuple[str, float], ...]:
+    """(per-layer mode, share of the stage's layers) of a recompute mode: one mode for all
+    layers, or for "every-n" full on 1/n of them and none on the rest."""
+    n = every_nth(recompute)
+    return (("full", 1 / n), ("none", 1 - 1 / n)) if n else ((recompute, 1.0),)
+
+
+def full_layers(recompute: str, layers: int) -> int:
+    """Of a stage's ``layers``, how many recompute their whole forward."""
+    n = every_nth(recompute)
+    return layers // n if n else (layers if recompute == "full" else 0)
 
 
 @dataclass(frozen=True)
@@ -194,6 +216,9 @@ class Layout:
             out.append(f"dp*micro_batch={self.dp}*{self.micro_batch} must divide the global batch {t.global_batch}")
         elif self.interleave > 1 and self.micro_batches(workload) % self.pp:
             out.append("interleaved 1F1B needs the micro-batch count to be a multiple of pp")
+        n, stage = every_nth(self.recompute), math.ceil(m.layers / self.pp)
+        if n and stage % n:
+            out.append(f"recompute {self.recompute} needs {n} to divide the {stage} layers of a pipeline stage")
         return out
 
 

@@ -29,7 +29,7 @@ from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.evaluate import Evaluation, inverse_goodput
 from trnopt.optimizer.cost.memory import memory_terms
 from trnopt.optimizer.cost.steptime import TERMS, ideal_compute_time, step_terms
-from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.layout import DIMS, Layout, every_nth
 from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
 from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.search.space import Space, divisors, prime_exponents
@@ -211,6 +211,14 @@ class LayoutModel(IntModel):
                         md.add_bool_or([pp_lit.Not(), v_lit.Not()])
                 # interleaved 1F1B runs the micro-batches in groups of pp
                 md.add_modulo_equality(0, self.m.expr, pp.expr).only_enforce_if(v_lit)
+        stage_layers = self.problem.workload.model.layers
+        pp_values = self.degree_values["pp"] if "pp" in self.active else (1,)
+        for rc, rc_lit in zip(self.recompute_values, self.rc):
+            n = every_nth(rc)
+            for value, pp_lit in zip(pp_values, self.deg["pp"] if "pp" in self.active else [None]):
+                # every n-th layer recomputed: n divides the layers of a stage
+                if n and math.ceil(stage_layers / value) % n:
+                    md.add_bool_or([rc_lit.Not()] + ([pp_lit.Not()] if pp_lit is not None else []))
         if len(self.hsdp_values) > 1:
             self._hsdp()
         if self.problem.instance_blocks:

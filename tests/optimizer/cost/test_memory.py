@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from trnopt.optimizer.cost.evaluate import evaluate
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout, default_placement
-from trnopt.optimizer.cost.memory import (activation_bytes_per_layer, memory_per_chip, sharded_state_per_chip,
-                                     training_state_bytes, zero_state_per_chip)
+from trnopt.optimizer.cost.memory import (activation_bytes_per_layer, memory_per_chip, recompute_working_set,
+                                          sharded_state_per_chip, training_state_bytes, zero_state_per_chip)
 from trnopt.optimizer.model.target import GIB, load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
@@ -130,3 +130,11 @@ def test_hsdp_must_replicate_across_the_scale_out_axis():
     _, _, plain, _ = hsdp_pair()
     with pytest.raises(InputError, match="dp_replicate"):
         dataclasses.replace(plain, dp_replicate=2)  # not dp's factor on efa (4)
+
+
+def test_every_nth_layer_recompute_keeps_the_mean_layer_and_a_full_working_set():
+    w = Workload(load_model("llama3-8b"), Training(seq=8192, global_batch=64))
+    mean = activation_bytes_per_layer(w, 4, 1, 1, "every-4")
+    assert mean == pytest.approx(0.25 * activation_bytes_per_layer(w, 4, 1, 1, "full")
+                                 + 0.75 * activation_bytes_per_layer(w, 4, 1, 1, "none"))
+    assert recompute_working_set(w, 4, 1, 1, "every-4") == recompute_working_set(w, 4, 1, 1, "full")

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trnopt.optimizer.cost.evaluate import evaluate
-from trnopt.optimizer.model.layout import Layout, hsdp_spans
+from trnopt.optimizer.model.layout import Layout, default_placement, hsdp_spans
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.search.space import Space
-from trnopt.optimizer.cost.steptime import model_flops, step_time
+from trnopt.optimizer.cost.steptime import model_flops, step_time, tp_collectives
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
@@ -93,3 +93,21 @@ def test_hsdp_gathers_inside_the_domain_and_the_replicas_exchange_one_shard():
     assert b.zero3 < a.zero3 / 10
     # the gradients: a reduce-scatter inside the server plus an all-reduce of a quarter of them over EFA
     assert b.dp != a.dp
+
+
+def test_every_nth_layer_recompute_is_the_mean_of_full_and_none():
+    w = Workload(load_model("llama3-8b"), Training(seq=8192, global_batch=64))
+    t = load_target("trn2")
+    axes = t.axes(2, 1)
+
+    def lay(rc):
+        return Layout(tp=16, pp=2, dp=2, axes=axes, placement=default_placement(axes, {"tp": 16, "dp": 2, "pp": 2}),
+                      zero=3, recompute=rc, lnc=2)
+    none, full, half = (step_time(w, lay(rc), t) for rc in ("none", "full", "every-2"))
+    assert half.compute == pytest.approx((none.compute + full.compute) / 2, rel=1e-9)
+    assert none.compute < half.compute < full.compute
+    # 16 layers a stage, 8 of them recomputed: TP all-reduce equivalents 4 * 16 + 2 * 8
+    assert tp_collectives("every-2", 16) == 80 and tp_collectives("full", 16) == 96
+    # every 4th layer needs 4 to divide the stage's layers: 126 / 2 = 63 does not
+    w405 = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=64))
+    assert any("every-4" in p for p in dataclasses.replace(lay("every-4")).workload_problems(w405))

@@ -26,14 +26,15 @@ def test_profiles_are_frozen_and_named():
 
 def test_torchtitan_runs_fsdp_with_hsdp_and_its_schedules():
     tt = P.TORCHTITAN
-    assert tt.zero_stages == (3,) and tt.hsdp and tt.interleaved and tt.recompute_every_nth_layer
+    assert tt.zero_stages == (3,) and tt.hsdp and tt.interleaved and {"every-2", "every-4"} <= set(tt.recompute)
     assert {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"} <= set(tt.schedules)
     t, lay = llama405b_trn2u_x2()
     assert tt.supports(lay) is None
     assert tt.schedule(lay) == "1F1B"
     assert "ZeRO-1" in tt.supports(replace(lay, zero=1, dp_replicate=1))
     # all of dp replicated, nothing sharded: torchtitan would run DDP, which it cannot with TP
-    assert "DDP" in tt.supports(replace(lay, dp_replicate=lay.dp))
+    ddp = build(t, 2, {"tp": {"core": 4, "x": 4, "y": 4}, "pp": {"ring": 4}, "dp": {"efa": 2}}, dp_replicate=2)
+    assert ddp.dp_shard == 1 and "DDP" in tt.supports(ddp)
 
 
 def test_nxd_runs_zero1_without_hsdp():
