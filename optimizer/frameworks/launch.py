@@ -94,7 +94,10 @@ def plan(workload: Workload, target: Target, layout: Layout, scheduler: str, ent
             raise InputError(layout_file, "layout", why)
     binding = torchrun_binding(layout, target)
     assert isinstance(binding, TorchrunBinding)
-    return Launch(workload, target, layout, binding, scheduler, entry, layout_file)
+    launch = Launch(workload, target, layout, binding, scheduler, entry, layout_file)
+    if scheduler == "k8s":
+        schedulers.check_k8s(launch, pod_files(launch))  # before the per-rank files are written
+    return launch
 
 
 # -- the rank map the launch implies ------------------------------------------------------------------
@@ -237,16 +240,15 @@ def readme(launch: Launch, files: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pod_files(launch: Launch) -> dict[str, str]:
+    """The files every instance reads (the scheduler's run-node.sh besides)."""
+    return {"env.sh": env_sh(launch), "worker.sh": worker_sh(launch), "nodes.csv": nodes_csv(launch),
+            "job.toml": torchtitan.job_toml(launch.workload, launch.target, launch.layout)}
+
+
 def launch_files(launch: Launch) -> dict[str, str]:
     """file name -> text for the launch's scheduler."""
-    files = {
-        "env.sh": env_sh(launch),
-        "worker.sh": worker_sh(launch),
-        "nodes.csv": nodes_csv(launch),
-        "ranks.csv": ranks_csv(launch),
-        "expected-rank-map.csv": implied_rank_map(launch),
-        "job.toml": torchtitan.job_toml(launch.workload, launch.target, launch.layout),
-    }
+    files = {**pod_files(launch), "ranks.csv": ranks_csv(launch), "expected-rank-map.csv": implied_rank_map(launch)}
     files |= schedulers.files(launch)
     files["README.txt"] = readme(launch, files)
     return files

@@ -16,13 +16,16 @@ UltraServer's instances together:
   ``neuron.amazonaws.com/ultraserver-server-id-<n>`` / ``ultraserver-node-id-<n>`` node
   labels of the Neuron page "How to schedule MPI jobs to run on Neuron UltraServer on EKS");
   the JobSet's failure policy recreates every pod when one fails, so a failed UltraServer is
-  replaced as a whole.
+  replaced as a whole. A JobSet is one Kubernetes object and its files one ConfigMap, so a
+  launch past their size limits (about 700 node ranks) is refused for Slurm or torchrun.
 """
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
+
+from trnopt.optimizer.errors import InputError
 
 if TYPE_CHECKING:
     from trnopt.optimizer.frameworks.launch import Launch
@@ -37,6 +40,22 @@ def files(launch: Launch) -> dict[str, str]:
     if launch.scheduler == "k8s":
         out["jobset.yaml"] = jobset_yaml(launch)
     return out
+
+
+def check_k8s(launch: Launch, pod_files: dict[str, str]) -> None:
+    """InputError when the JobSet (one replicated job per node) or the ConfigMap of the files its
+    pods read (``pod_files`` without run-node.sh) would exceed what Kubernetes stores in one object."""
+    name = _name(launch)
+    one = len("\n".join(_replicated_job(launch, name, 0, 0, 0, f"{name}-node-0-0-0.{name}"))) + 1
+    if one * launch.nodes > OBJECT_LIMIT:
+        raise InputError("--scheduler", "scheduler", f"k8s: a JobSet of {launch.nodes} node ranks is about "
+                         f"{one * launch.nodes / 2**20:.1f} MiB, over the {OBJECT_LIMIT / 2**20:.1f} MiB a Kubernetes "
+                         "object may hold (etcd's request limit); use --scheduler slurm or torchrun")
+    pod_bytes = sum(len(text.encode()) for text in pod_files.values()) + len(run_node_sh(launch).encode())
+    if pod_bytes > CONFIGMAP_LIMIT:
+        raise InputError("--scheduler", "scheduler", f"k8s: the files the pods read ({', '.join(POD_FILES)}) "
+                         f"are {pod_bytes / 2**20:.1f} MiB, over the 1 MiB a ConfigMap holds; use --scheduler "
+                         "slurm or torchrun")
 
 
 def _assumptions(launch: Launch) -> list[str]:
@@ -180,6 +199,13 @@ def _name(launch: Launch) -> str:
     return re.sub(r"[^a-z0-9-]", "-", f"trnopt-{launch.workload.model.name}".lower())[:50].strip("-")
 
 
+# Kubernetes keeps an object in one etcd request, at most 1.5 MiB (etcd's --max-request-bytes default,
+# "Operating etcd clusters for Kubernetes"); a ConfigMap holds at most 1 MiB ("ConfigMaps").
+OBJECT_LIMIT = int(1.5 * 2**20)
+CONFIGMAP_LIMIT = 2**20
+POD_FILES = ("env.sh", "job.toml", "nodes.csv", "run-node.sh", "worker.sh")  # what the pods read (launch.pod_files)
+
+
 def jobset_yaml(launch: Launch) -> str:
     ipd = launch.target.instances_per_domain
     name = _name(launch)
@@ -189,8 +215,9 @@ def jobset_yaml(launch: Launch) -> str:
     lines = [
         f"# trnopt Kubernetes JobSet: {launch.title()}",
         "# Needs the JobSet controller (jobset.x-k8s.io), the Neuron device plugin and the EFA device plugin.",
-        f"# The launch files reach the pods as a ConfigMap: kubectl create configmap {name}-files --from-file=DIR",
-        "# (DIR = this directory), then kubectl apply -f jobset.yaml. Set the image to your TorchTitan Neuron image.",
+        "# The files the pods read reach them as a ConfigMap (run in this directory):",
+        f"#   kubectl create configmap {name}-files {' '.join(f'--from-file={f}' for f in POD_FILES)}",
+        "# then kubectl apply -f jobset.yaml. Set the image to your TorchTitan Neuron image.",
         "# One replicated job per node rank: its pod is pinned to the UltraServer node id nodes.csv plans for it",
         f"# ({node_key}), and pod affinity on {server_key} keeps the pods of one",
         "# domain on one UltraServer, anti-affinity keeps other domains and other trnopt jobs off it.",

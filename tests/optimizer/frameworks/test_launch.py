@@ -15,6 +15,7 @@ import pytest
 from trnopt.optimizer.commands import checkmap
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.frameworks import launch as L
+from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 from .layouts import build, deepseek_trn3_gen2, llama8b_trn2, llama405b_trn2u_x2
@@ -184,3 +185,13 @@ def test_run_node_starts_torchrun_with_the_static_rendezvous(tmp_path):
     r = subprocess.run([str(out / "run-node.sh"), "5"], env=env | {"NEURON_RT_ULTRASERVER_NODE_ID": "2"},
                        capture_output=True, text=True)
     assert r.returncode == 1 and "planned at UltraServer position 1" in r.stderr
+
+
+def test_a_jobset_kubernetes_cannot_store_is_refused_before_any_file_is_built():
+    # 256 UltraServers = 1,024 node ranks: one replicated job each passes etcd's 1.5 MiB object limit
+    target = load_target("trn2u")
+    lay = build(target, 256, {"tp": {"core": 4, "x": 4}, "dp": {"y": 4, "ring": 4, "efa": 256}}, recompute="full")
+    w = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=4096))
+    with pytest.raises(InputError, match="1.5 MiB a Kubernetes object may hold"):
+        L.plan(w, target, lay, "k8s", "python -m torchtitan.train", "layout.json")
+    assert L.plan(w, target, lay, "slurm", "python -m torchtitan.train", "layout.json").nodes == 1024
