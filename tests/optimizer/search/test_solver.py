@@ -19,6 +19,8 @@ from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import load_target, parse_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model, parse_model
 
+from test_framework_search import _trn2_like
+
 
 @st.composite
 def small_problems(draw):
@@ -143,21 +145,11 @@ def test_model_scores_every_layout_like_the_cost_model():
 
 
 def test_the_integer_model_scores_hsdp_layouts_as_the_cost_model_does():
-    # a trn2-like box of 2 instances: every HSDP layout of the space (replicas across the
+    # a trn2-like box of 2 instances: a dozen HSDP layouts of the space (replicas across the
     # scale-out axis) scored by CP-SAT with its decisions fixed, against the float cost model
-    target = parse_target({
-        "name": "small", "description": "t", "instance": "box", "chips_per_instance": 2, "runtime_reserve_gib": 0,
-        "chip": {"name": "chip", "physical_cores": 2, "lnc_default": 1, "lnc_allowed": [1], "hbm_gib": 96,
-                 "hbm_bandwidth_gbs": 2900, "bf16_tflops": 667, "fp8_tflops": 1299, "sbuf_kib_per_partition": 192,
-                 "on_chip_bandwidth_gbs": 2900},
-        "axes": [{"name": "x", "size": 2, "kind": "torus", "bandwidth_gbs": 512, "latency_us": 1.5}],
-        "scale_out": {"name": "efa", "bandwidth_gbps_per_instance": 400, "latency_us": 15},
-        "reliability": {"instance_mtbf_hours": 3170, "checkpoint_gbs_per_instance": 10, "restart_minutes": 10},
-        "efficiency": {"matmul": 0.5, "elementwise": 0.5, "microbatch_overhead_us": 0, "collective_fixed_share": 1,
-                       "fitted_on": "test"},
-        "engines": {"tensor_ghz": 1.0, "pe_rows": 128, "stationary_fmax": 128, "moving_fmax": 512,
-                    "matmul_min_cycles": 64, "vector_ghz": 1.0, "vector_lanes": 128, "scalar_ghz": 1.0,
-                    "scalar_lanes": 128}}, "t")
+    machine = _trn2_like()
+    machine["scale_out"]["bandwidth_gbps_per_instance"] = 400
+    target = parse_target(machine, "t")
     p = Problem(Workload(load_model("llama3-8b"), Training(seq=2048, global_batch=16)), target, 2,
                 zero_stages=(1, 3), hsdp=True)
     space = Space(p, 1)
