@@ -33,6 +33,7 @@ from trnopt.optimizer.cost.nccom import (Fit, MeasurementError, Run, fit_run, li
                                          read_runs, run_domains)
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layoutfile import read_layout
+from trnopt.optimizer.model.inputfile import read_text
 from trnopt.optimizer.model.target import BUILTIN_TARGETS, GB, Target, load_target, parse_target
 
 MIN_ACHIEVABLE = 1e-4
@@ -300,7 +301,7 @@ def source_text(name_or_path: str) -> tuple[str, str]:
     if name_or_path in BUILTIN_TARGETS:
         path = f"machines/{name_or_path}.toml"
         return resources.files("trnopt.targets").joinpath(path).read_text("utf-8"), f"targets/{path}"
-    return Path(name_or_path).read_text(encoding="utf-8"), name_or_path
+    return read_text(name_or_path, "--target", kind="target file"), name_or_path
 
 
 # -- command ----------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from pathlib import Path
 from trnopt.optimizer.cost import collectives
 from trnopt.optimizer.cost.collectives import Span, coefficients, levels
 from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.inputfile import read_text
 from trnopt.optimizer.model.target import GIB, Axis, Target
 
 OPS = {"all_reduce": "all_reduce", "allr": "all_reduce", "all_gather": "all_gather", "allg": "all_gather",
@@ -251,18 +252,10 @@ def read_runs(path: str) -> list[Run]:
         files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
         if not files:
             raise MeasurementError(path, 1, "directory holds no files")
-    elif p.is_file():
-        files = [p]
     else:
-        raise MeasurementError(path, 1, "no such file or directory")
-    runs = []
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise MeasurementError(str(f), 1, f"cannot read ({exc})") from None
-        runs.append(parse(text, str(f)))
-    return runs
+        files = [p]
+    # regular files only, within the loaders' size limit (a FIFO or /dev/zero is refused, not read)
+    return [parse(read_text(str(f), "--nccom", kind="nccom-test output"), str(f)) for f in files]
 
 
 # -- the alpha-beta fit --------------------------------------------------------------------------

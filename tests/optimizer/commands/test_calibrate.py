@@ -130,3 +130,13 @@ def test_calibrate_never_overwrites_without_force(tmp_path, capsys):
     assert out.read_text() == "keep me" and "--force" in capsys.readouterr().err
     assert main(["calibrate", "--target", "trn2u", "--nccom", str(runs), "--out", str(out), "--force"]) == 0
     load_target(str(out))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs a FIFO")
+def test_calibrate_refuses_a_fifo_instead_of_blocking_on_it(tmp_path, capsys):
+    import os
+    fifo = tmp_path / "runs.txt"
+    os.mkfifo(fifo)  # reading it would block for ever: it must be refused before it is opened
+    assert main(["calibrate", "--target", "trn2", "--nccom", str(fifo), "--out", str(tmp_path / "t.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and len(err.strip().splitlines()) == 1
