@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -132,9 +133,8 @@ def test_calibrate_never_overwrites_without_force(tmp_path, capsys):
     load_target(str(out))
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs a FIFO")
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
 def test_calibrate_refuses_a_fifo_instead_of_blocking_on_it(tmp_path, capsys):
-    import os
     fifo = tmp_path / "runs.txt"
     os.mkfifo(fifo)  # reading it would block for ever: it must be refused before it is opened
     assert main(["calibrate", "--target", "trn2", "--nccom", str(fifo), "--out", str(tmp_path / "t.toml")]) == 2
