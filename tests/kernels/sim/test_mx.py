@@ -17,13 +17,14 @@ E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 @nki.jit
-def quantize_kernel(x):
-    """x [P, F] bf16 -> (the MX bytes [P, F] as uint8, the used scale rows [P // 8, F // 4])."""
+def quantize_kernel(x, scale_partitions=None):
+    """x [P, F] bf16 -> (the MX bytes [P, F] as uint8, the used scale rows [P // 8, F // 4]);
+    ``scale_partitions`` (default P) sizes the scale tile."""
     p, f = x.shape
     xs = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=xs, src=x)
     q = nl.ndarray((p, f // 4), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
-    sc = nl.ndarray((p, f // 4), dtype=nl.uint8, buffer=nl.sbuf)
+    sc = nl.ndarray((scale_partitions or p, f // 4), dtype=nl.uint8, buffer=nl.sbuf)
     nisa.quantize_mx(dst=q, src=xs, dst_scale=sc)
     out_q = nl.ndarray((p, f), dtype=nl.uint8, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out_q, src=q.view(nl.uint8))
@@ -135,20 +136,9 @@ def test_nc_matmul_mx_fp4_nibbles_and_quadrant_scales():
     assert np.allclose(got, np.einsum("pmj,pnj->mn", a, b), rtol=1e-6, atol=1e-6)
 
 
-@nki.jit
-def short_scale_kernel(x):
-    p, f = x.shape
-    xs = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=xs, src=x)
-    q = nl.ndarray((p, f // 4), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
-    sc = nl.ndarray((p // 8, f // 4), dtype=nl.uint8, buffer=nl.sbuf)  # too short past 32 partitions
-    nisa.quantize_mx(dst=q, src=xs, dst_scale=sc)
-    return x
-
-
 def test_quantize_mx_refuses_a_scale_tile_outside_the_quadrants():
-    with pytest.raises(ConstraintError, match="dst_scale"):
-        run_ranks(short_scale_kernel, [(np.ones((64, 16), BF16),)])
+    with pytest.raises(ConstraintError, match="dst_scale"):  # 64 // 8 partitions: too short past 32
+        run_ranks(quantize_kernel, [(np.ones((64, 16), BF16),)], kwargs=dict(scale_partitions=8))
 
 
 @nki.jit
