@@ -16,7 +16,7 @@ Kernels here (references in `trnopt.kernels.references`):
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
@@ -32,10 +32,45 @@ def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: st
     return rg, tp, pos, m // tp, halves
 
 
-def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_: int,
+def sum_dtype_for(dtype: Any, sum_dtype: Any = None) -> Any:
+    """The dtype of the running sums that travel the ring: ``sum_dtype`` if given, else FP32
+    for inputs narrower than 4 bytes (BF16), else the input's dtype.
+
+    The Tensor Engine accumulates in FP32 whatever the inputs ("nki.isa.nc_matmul": "the
+    matmul accumulation and results are always in float32"), and a DMA converts dtypes on
+    the way ("nki.isa.dma_copy"), so a BF16 kernel can keep its running partial at the
+    precision the hardware gives. Rounding the running sum to BF16 at every hop instead
+    loses about 2^-9 of it per hop, and over a TP128 ring (127 roundings) that exceeds the
+    2e-2 BF16 tolerance on some elements."""
+    if sum_dtype is not None:
+        return sum_dtype
+    return nl.float32 if dtype.itemsize < 4 else dtype
+
+
+def _ring_buffers(halves, n: int, dt: Any, sdt: Any):
+    """Per channel: two send buffers ``part`` (dtype ``dt``), the landing buffer ``land`` of
+    step 0 (the predecessor's own partial, exact in ``dt``) and two running-sum buffers
+    ``acc`` (dtype ``sdt``)."""
+    part = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
+            for c, (_, h) in enumerate(halves)]
+    land = [nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"land{c}") for c, (_, h) in enumerate(halves)]
+    acc = [[nl.ndarray((h, n), dtype=sdt, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
+           for c, (_, h) in enumerate(halves)]
+    return part, land, acc
+
+
+def _received(land: list, acc: list, c: int, s: int) -> Any:
+    """The sum received at step ``s`` on channel ``c``: the landing buffer after step 0,
+    the running-sum buffer of step s after that."""
+    return land[c] if s == 0 else acc[c][s % 2]
+
+
+def _ring_step(rg, s: int, part: list, land: list, acc: list, chans: list[int], n0: int, nl_: int,
                piece: tuple[int, int] = (0, 1)) -> None:
     """Send columns n0:n0+nl_ of step s's partials on, rows of the ``piece[0]``-th of
-    ``piece[1]`` row pieces of each channel: plain permute at s = 0, permute-with-add after."""
+    ``piece[1]`` row pieces of each channel: plain permute at s = 0 (the own partial, in
+    its dtype, into ``land``), permute-with-add after (partial + received sum, added in
+    FP32 and sent in the running-sum dtype)."""
     i, k = piece
 
     def v(t):
@@ -43,18 +78,18 @@ def _ring_step(rg, s: int, part: list, acc: list, chans: list[int], n0: int, nl_
         return t[r0:r0 + rn, n0:n0 + nl_]
     if s == 0:
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[v(part[c][0])] for c in chans], dsts_by_channel=[[v(acc[c][0])] for c in chans],
+            srcs_by_channel=[[v(part[c][0])] for c in chans], dsts_by_channel=[[v(land[c])] for c in chans],
             replica_group=rg, channel_ids=chans, name="rs_step0")
     else:
         ncc.collective_permute_implicit_reduce(
             srcs0_by_channel=[[v(part[c][s % 2])] for c in chans],
-            srcs1_by_channel=[[v(acc[c][(s - 1) % 2])] for c in chans],
+            srcs1_by_channel=[[v(_received(land, acc, c, s - 1))] for c in chans],
             dsts_by_channel=[[v(acc[c][s % 2])] for c in chans],
             replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
 
 
 @nki.jit
-def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TRN2):
+def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TRN2, sum_dtype=None):
     """Z_shard = reduce_scatter(X @ W_shard) along M, the reduce-scatter hidden in a ring.
 
     Dimensions:
@@ -75,6 +110,8 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
             columns are evacuated; the last step adds each slab as it arrives. None: one
             slab per column group.
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
+        sum_dtype: dtype of the running sums on the ring (`sum_dtype_for`: default FP32
+            for BF16 inputs, w's dtype for FP32).
 
     Returns:
         Z_shard: [M_shard, N] in w's dtype, shared HBM: sum over the ring of X_r @ W_r for
@@ -85,8 +122,10 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     hops) into an HBM buffer; at s = 0 it is sent on with
     collective_permute_implicit, at 0 < s < tp - 1 collective_permute_implicit_reduce sends
     partial + the sum received at s - 1. The last step computes the rank's own chunk and
-    adds the arriving sum while evacuating PSUM. Partials and sums travel in w's dtype and
-    are added in FP32. Buffers are double (step s writes buffer s % 2).
+    adds the arriving sum while evacuating PSUM. Each rank's partial is rounded once to w's
+    dtype (step 0 sends it as is); the running sums are added in FP32 and travel in
+    ``sum_dtype`` (FP32 for BF16 inputs: one rounding to BF16 at the end, not one per hop).
+    Buffers are double (step s writes buffer s % 2).
 
     Preconditions: x_t, w 2-D with equal K_shard and dtype; M divisible by tp; M_shard >=
     channels; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1.
@@ -95,18 +134,17 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
     z = nl.ndarray((ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
     chans = list(range(channels))
-    part = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
-            for c, (_, h) in enumerate(halves)]
-    acc = [[nl.ndarray((h, n), dtype=w.dtype, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
-           for c, (_, h) in enumerate(halves)]
+    sdt = sum_dtype_for(w.dtype, sum_dtype)
+    part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
-    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True, sbuf_bytes=sbuf_bytes)
+    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True,
+                           addend_itemsize=sdt.itemsize, sbuf_bytes=sbuf_bytes)
     group_cols = tiling.n_tiles * MOVING_FMAX
     slabs = unit_pieces(n, group_cols, pieces if pieces is not None else -(-n // group_cols))
-    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=w.dtype, name="rs")
+    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=sdt, name="rs")
 
     # a slab of more than about SLAB_BYTES per channel goes in row pieces
-    slab_bytes = halves[0][1] * max(nl_ for _, nl_ in slabs) * w.dtype.itemsize
+    slab_bytes = halves[0][1] * max(nl_ for _, nl_ in slabs) * sdt.itemsize
     row_pieces = max(1, min(halves[-1][1], -(-slab_bytes // SLAB_BYTES)))
 
     def sender(s):
@@ -117,7 +155,8 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
             while todo and todo[0][0] + todo[0][1] <= n0 + ncols:
                 cols = todo.pop(0)
                 for i in range(row_pieces):
-                    pipe.defer(lambda cols=cols, i=i: _ring_step(rg, s, part, acc, chans, *cols, piece=(i, row_pieces)))
+                    pipe.defer(lambda cols=cols, i=i: _ring_step(rg, s, part, land, acc, chans, *cols,
+                                                                 piece=(i, row_pieces)))
         return on_evac
     for s in range(tp):
         last = s == tp - 1
@@ -125,7 +164,7 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
         for c, (off, h) in enumerate(halves):
             col = position_after(pos, s + 1, tp, c) * ms + off
             if last:
-                addend = acc[c][(s - 1) % 2] if tp > 1 else None
+                addend = _received(land, acc, c, s - 1) if tp > 1 else None
                 blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, 0:n], addend))
             else:
                 blocks.append(RowBlock(x_t[0:k, col:col + h], part[c][s % 2]))
@@ -136,38 +175,38 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
 
 
 @nki.jit
-def reduce_scatter_ring(partial, groups, channels=1):
+def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None):
     """The collective alone: Z_shard = reduce_scatter(partial) along M over the ring.
 
     Args:
         partial: [M, N], this rank's partial sums, HBM.
-        groups, channels: as in `matmul_reduce_scatter`.
+        groups, channels, sum_dtype: as in `matmul_reduce_scatter`.
 
     Returns:
         Z_shard: [M / tp, N] in partial's dtype, shared HBM.
 
     Decomposition: the ring schedule of `matmul_reduce_scatter` with each step's matmul
     replaced by a DMA of the chunk from `partial` into the send buffer; the last step adds
-    the arriving sum to the own chunk in SBUF (128 x 512 tiles). Preconditions as there.
+    the arriving sum to the own chunk in SBUF (128 x 512 tiles, in FP32). Step 0 sends the
+    chunk in partial's dtype, later steps the running sum in ``sum_dtype``, as the fused
+    kernel does. Preconditions as there.
     """
     assert len(partial.shape) == 2, f"partial must be 2-D, got {tuple(partial.shape)}"
     m, n = partial.shape
     rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "reduce_scatter_ring")
     dt = partial.dtype
+    sdt = sum_dtype_for(dt, sum_dtype)
     z = nl.ndarray((ms, n), dtype=dt, buffer=nl.shared_hbm, name="z")
     chans = list(range(channels))
-    part = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
-            for c, (_, h) in enumerate(halves)]
-    acc = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
-           for c, (_, h) in enumerate(halves)]
+    part, land, acc = _ring_buffers(halves, n, dt, sdt)
     for s in range(tp - 1):
         for c, (off, h) in enumerate(halves):
             row = position_after(pos, s + 1, tp, c) * ms + off
             nisa.dma_copy(dst=part[c][s % 2], src=partial[row:row + h, 0:n], name="rs_stage")
-        _ring_step(rg, s, part, acc, chans, 0, n)
+        _ring_step(rg, s, part, land, acc, chans, 0, n)
     mine = pos * ms
     a_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_a{i}") for i in range(2)]
-    b_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_b{i}") for i in range(2)]
+    b_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=sdt, buffer=nl.sbuf, name=f"rs_b{i}") for i in range(2)]
     o_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_o{i}") for i in range(2)]
     i = 0
     for c, (off, h) in enumerate(halves):
@@ -178,8 +217,8 @@ def reduce_scatter_ring(partial, groups, channels=1):
                 row = mine + off + r0
                 nisa.dma_copy(dst=a[0:rs, 0:cs], src=partial[row:row + rs, c0:c0 + cs], name="rs_ld_own")
                 if tp > 1:
-                    nisa.dma_copy(dst=b[0:rs, 0:cs], src=acc[c][(tp - 2) % 2][r0:r0 + rs, c0:c0 + cs],
-                                  name="rs_ld_acc")
+                    got = _received(land, acc, c, tp - 2)
+                    nisa.dma_copy(dst=b[0:rs, 0:cs], src=got[r0:r0 + rs, c0:c0 + cs], name="rs_ld_acc")
                     nisa.tensor_tensor(o[0:rs, 0:cs], a[0:rs, 0:cs], b[0:rs, 0:cs], op=nl.add, name="rs_add")
                 else:
                     nisa.tensor_copy(o[0:rs, 0:cs], a[0:rs, 0:cs], name="rs_copy")
@@ -187,4 +226,4 @@ def reduce_scatter_ring(partial, groups, channels=1):
     return z
 
 
-__all__ = ["matmul_reduce_scatter", "reduce_scatter_ring"]
+__all__ = ["matmul_reduce_scatter", "reduce_scatter_ring", "sum_dtype_for"]

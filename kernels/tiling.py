@@ -135,20 +135,23 @@ class MatmulTiling:
 
 
 def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int, *,
-                  addend: bool = False, sbuf_bytes: int = SBUF_TRN2) -> MatmulTiling:
+                  addend: bool = False, addend_itemsize: int | None = None,
+                  sbuf_bytes: int = SBUF_TRN2) -> MatmulTiling:
     """Pick group and block sizes for products with up to ``rows`` output rows per call.
 
     Uses all 8 PSUM banks for a group (fewest re-reads), biased towards whole row blocks
     (x re-read less); keeps the weight resident when it fits; then the largest K block
     (fewer, larger DMAs) within ``SBUF_SHARE`` of ``sbuf_bytes`` per partition (the
     target chip's capacity). When a call's rows make one row group but several column
-    groups, x stays on chip for the call (``resident_x``) if that fits too.
+    groups, x stays on chip for the call (``resident_x``) if that fits too. ``addend``: the
+    calls pass addends, of ``addend_itemsize`` bytes per element (default ``in_itemsize``;
+    the reduce-scatter's running sums are FP32).
     """
     m_t = min(math.ceil(rows / STATIONARY_FMAX), PSUM_BANKS)
     n_t = min(math.ceil(n / MOVING_FMAX), max(1, PSUM_BANKS // m_t))
     m_t = min(m_t, PSUM_BANKS // n_t)
     kt = math.ceil(k / PMAX)
-    a_size = in_itemsize if addend else 0
+    a_size = (addend_itemsize or in_itemsize) if addend else 0
     budget = int(sbuf_bytes * SBUF_SHARE)
     one_row_group = math.ceil(rows / STATIONARY_FMAX) <= m_t and math.ceil(n / MOVING_FMAX) > n_t
     for resident in (True, False):
@@ -249,6 +252,7 @@ class MatmulPipeline:
         self._evac_call = 0
         self._side: list = []
         self._due: list = []
+        self._lead: list = []
 
     def iterations(self, rows: Sequence[int]) -> int:
         """K-block iterations of one call over row blocks of the given sizes."""
@@ -259,7 +263,7 @@ class MatmulPipeline:
 
     def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
                  side: Sequence[tuple[Any, Any]] = (), late: Sequence[tuple[Any, Any]] = (),
-                 hook: Any = None, flush: bool = True, w_key: Any = None, x_sbuf: Any = None,
+                 lead: Sequence[Any] = (), hook: Any = None, flush: bool = True, w_key: Any = None, x_sbuf: Any = None,
                  on_evac: Any = None) -> None:
         """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
 
@@ -281,6 +285,9 @@ class MatmulPipeline:
         x already on chip, a [128, K tiles, rows] tile in this pipeline's K layout
         (`k_major_copies`), the blocks' rows being its columns in order; no x loads.
         ``on_evac(n0, ncols)``: called after each group's evacuation is emitted.
+        ``lead``: callables, the i-th emitted at the start of the call's K-block iteration i,
+        before that iteration's loads (the expert kernel's first dispatch goes K block by K
+        block, each slab just ahead of the loads that read it).
         """
         assert tuple(w.shape) == (self.k, self.n), (
             f"{self.name}: weight shape {tuple(w.shape)} != ({self.k}, {self.n})")
@@ -304,6 +311,7 @@ class MatmulPipeline:
         due = [(i * half) // len(side) for i in range(len(side))]
         due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
         self._side, self._due, self._iter = list(side) + list(late), due, 0
+        self._lead = list(lead)
         self._hook, self._on_evac = hook, on_evac
         if x_sbuf is not None:
             want = (PMAX, len(self.k_tiles), sum(b.rows for b in blocks))
@@ -317,6 +325,8 @@ class MatmulPipeline:
             assert len(mgs) == 1, f"{self.name}: resident_x tiling for one row group, got {len(mgs)}"
         for mi, (mg, ng) in enumerate(pairs):
             self._group(mg, ng, w, (mi // len(ngs) if not n_outer else mi % len(mgs)) * self.t.m_tiles)
+        while self._lead:
+            self._lead.pop(0)()
         for item in self._side:
             self._emit_side(item)
         self._side = []
@@ -394,6 +404,8 @@ class MatmulPipeline:
         self._pi += len(mts) * len(nts)
         adds: Any = None
         for bi, (t0, kblock) in enumerate(self.k_blocks):
+            if self._lead:
+                self._lead.pop(0)()
             if self._x_sbuf is not None:
                 xb, xslot, xc0 = self._x_sbuf, t0, tile0 * STATIONARY_FMAX
             elif self.t.resident_x:

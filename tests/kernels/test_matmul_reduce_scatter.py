@@ -113,3 +113,60 @@ def test_production_tiles_fit_sbuf_and_psum(dtypes):
     args = [(TensorSpec((1024, 1024), dt), TensorSpec((1024, 16384), dt))] * 2
     res = _run(matmul_reduce_scatter, args, ((0, 1),), numerics=False, channels=2)
     assert res.timeline.busy_s["Tensor"] > 0.8 * res.timeline.total_s
+
+
+# --- a long BF16 ring: the running sums must not be rounded to BF16 at every hop -------------------
+LONG_TP, LONG_MS, LONG_N = 128, 2, 8
+
+
+def _long_ring_partials(tp=LONG_TP, ms=LONG_MS, n=LONG_N):
+    """Per list position, the [tp * ms, n] partial of every rank: 1.0 everywhere except 256.0
+    at the rank half a ring away from a chunk's owner, which both ring directions (channel 0
+    forward, channel 1 backward) reach after half of the hops. With BF16 running sums,
+    256 + 63 rounds to 320 and every later + 1 is a tie that rounds back to 320 (BF16 steps
+    by 2 there); the exact sum is 256 + 127 = 383 (384 in BF16)."""
+    out = []
+    for r in range(tp):
+        p = np.ones((tp * ms, n), dtype=np.float32)
+        for q in range(tp):
+            if r == (q + tp // 2) % tp:
+                p[q * ms:(q + 1) * ms] = 256.0
+        out.append(p)
+    return out
+
+
+def _long_ring_results(kernel, dt, sum_dtype):
+    ps = _long_ring_partials()
+    if kernel is reduce_scatter_ring:
+        args = [(p.astype(dt),) for p in ps]
+        ref = reduce_scatter_reference([a[0] for a in args])
+    else:
+        # K = 1: x_t row r is the partial's column 0, w is ones, so X_r @ W_r is the partial
+        args = [(p[:, :1].T.copy().astype(dt), np.ones((1, LONG_N), dtype=dt)) for p in ps]
+        ref = matmul_reduce_scatter_reference([a[0] for a in args], [a[1] for a in args])
+    kw = {"sum_dtype": sum_dtype} if sum_dtype is not None else {}
+    res = _run(kernel, args, (tuple(range(LONG_TP)),), channels=2, **kw)
+    return res.outputs, ref
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", [matmul_reduce_scatter, reduce_scatter_ring], ids=["fused", "ring_alone"])
+def test_long_bf16_ring_keeps_fp32_sums(kernel, assert_close, dtypes):
+    """TP128 ring at a tiny shape (as `trnopt kernels` runs the default llama3-405b layout):
+    BF16 inputs, the running sums travel in FP32 (the default), one rounding at the end."""
+    dt = dtypes["bf16"]
+    outs, ref = _long_ring_results(kernel, dt, None)
+    for r in range(LONG_TP):
+        assert outs[r].dtype == dt
+        assert_close(outs[r], ref[r], dt, f"rank {r}")
+
+
+@pytest.mark.slow
+def test_long_ring_with_bf16_sums_is_wrong(dtypes):
+    """The same ring with the running sums rounded to BF16 at every hop (as the kernels did
+    before) misses the BF16 tolerance: the data above is sensitive to per-hop rounding."""
+    dt = dtypes["bf16"]
+    outs, ref = _long_ring_results(reduce_scatter_ring, dt, dt)
+    got = np.asarray(outs[0], dtype=np.float64)
+    assert np.all(got == 320.0), got
+    assert np.all(np.asarray(ref[0], dtype=np.float64) == 384.0)
