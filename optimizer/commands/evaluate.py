@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(flag, exc.key, exc.rule) from None
     problems = layout.workload_problems(workload)
     if problems:
-        raise InputError(source or "--tp/--pp/--dp/--cp", "degrees", problems[0])
+        key, rule = problems[0]
+        raise InputError(source or FLAGS[key], key, rule)
     check_rank_map_size(args, layout.ranks)
     e = Problem(workload, target, domains, args.headroom).evaluate(layout)
     if text_to_stdout(args):

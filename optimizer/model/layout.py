@@ -198,27 +198,29 @@ class Layout:
                 rows.append(f"{dim}: {' '.join(spans)}")
         return "; ".join(rows)
 
-    def workload_problems(self, workload: Workload) -> list[str]:
-        """Rules that tie the layout to the model; empty when it can run it."""
+    def workload_problems(self, workload: Workload) -> list[tuple[str, str]]:
+        """(key, rule) of every rule that ties the layout to the model; empty when it can run it."""
         m, t, out = workload.model, workload.training, []
         if m.heads % self.tp or (m.kv_heads % self.tp and self.tp % m.kv_heads):
-            out.append(f"tp={self.tp} must divide the {m.heads} attention heads and divide or be a multiple "
-                       f"of the {m.kv_heads} KV heads")
+            out.append(("tp", f"tp={self.tp} must divide the {m.heads} attention heads and divide or be a multiple "
+                        f"of the {m.kv_heads} KV heads"))
         if self.pp * self.interleave > m.layers:
-            out.append(f"pp*interleave={self.pp * self.interleave} exceeds the {m.layers} layers")
+            out.append(("pp", f"pp*interleave={self.pp * self.interleave} exceeds the {m.layers} layers"))
         if m.moe is None and self.ep > 1:
-            out.append(f"ep={self.ep} on a dense model")
+            out.append(("ep", f"ep={self.ep} on a dense model"))
         if m.moe is not None and m.moe.experts % self.ep:
-            out.append(f"ep={self.ep} must divide the {m.moe.experts} experts")
+            out.append(("ep", f"ep={self.ep} must divide the {m.moe.experts} experts"))
         if t.seq % self.cp:
-            out.append(f"cp={self.cp} must divide the sequence {t.seq}")
+            out.append(("cp", f"cp={self.cp} must divide the sequence {t.seq}"))
         if t.global_batch % (self.dp * self.micro_batch):
-            out.append(f"dp*micro_batch={self.dp}*{self.micro_batch} must divide the global batch {t.global_batch}")
+            out.append(("dp", f"dp*micro_batch={self.dp}*{self.micro_batch} must divide the global batch "
+                        f"{t.global_batch}"))
         elif self.interleave > 1 and self.micro_batches(workload) % self.pp:
-            out.append("interleaved 1F1B needs the micro-batch count to be a multiple of pp")
+            out.append(("interleave", "interleaved 1F1B needs the micro-batch count to be a multiple of pp"))
         n, stage = every_nth(self.recompute), math.ceil(m.layers / self.pp)
         if n and stage % n:
-            out.append(f"recompute {self.recompute} needs {n} to divide the {stage} layers of a pipeline stage")
+            out.append(("recompute", f"recompute {self.recompute} needs {n} to divide the {stage} layers of a "
+                        "pipeline stage"))
         return out
 
 

@@ -81,8 +81,9 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
     check_scale(workload, path, "problem.model", path, "problem.seq")
     problems = layout.workload_problems(workload)
     if problems:
-        raise InputError(path, "layout", f"does not run {model.name} with global batch {training.global_batch}: "
-                         f"{problems[0]}")
+        key, rule = problems[0]
+        raise InputError(path, f"layout.{key}", f"does not run {model.name} with global batch "
+                         f"{training.global_batch}: {rule}")
     return target, workload, layout
 
 

@@ -18,7 +18,8 @@ def test_errors_name_the_flag(capsys):
                        (("--lnc", 0), "--lnc:"), (("--tp", 4, "--micro-batch", 0), "--micro-batch:"),
                        (("--tp", 4, "--dp", 16, "--interleave", 2), "--interleave:"),
                        (("--tp", 4, "--recompute", "most"), "--recompute:"),
-                       (("--tp", 64, "--dp", 1), "--tp/--pp/--dp/--cp:")):
+                       (("--tp", 64, "--dp", 1), "--tp:"),  # llama3-8b has 32 heads
+                       (("--tp", 4, "--pp", 16, "--dp", 1, "--recompute", "every-4"), "--recompute:")):  # 2 layers a stage
         code, _, err = run(capsys, *argv)
         assert code == 2 and err.startswith(f"trnopt: error: {flag}"), (argv, err)
         assert "layout:" not in err
