@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds as B
-from trnopt.optimizer.model.tomlcheck import Table, closest, read_toml
+from trnopt.optimizer.model.tomlcheck import Table, read_named
 
 GB = 1e9
 GIB = 2**30
@@ -177,17 +175,8 @@ def check_domains(target: Target, domains: int, source: str, key: str) -> None:
 
 def load_target(name_or_path: str) -> Target:
     """Load a built-in target by name (``trn2u``) or a user's TOML file by path."""
-    if name_or_path in BUILTIN_TARGETS:
-        text = resources.files("trnopt.targets").joinpath(f"machines/{name_or_path}.toml").read_text("utf-8")
-        return parse_target(read_toml(f"{name_or_path}.toml", text), f"targets/{name_or_path}.toml")
-    if not isinstance(name_or_path, str) or not name_or_path.strip():
-        raise InputError(repr(name_or_path), "--target", f"empty; built-in targets are {', '.join(BUILTIN_TARGETS)}, "
-                         "or give a .toml path")
-    path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        raise InputError(name_or_path, "--target", f"unknown target; built-in targets are "
-                         f"{', '.join(BUILTIN_TARGETS)}, or give a .toml path{closest(name_or_path, BUILTIN_TARGETS)}")
-    return parse_target(read_toml(name_or_path), name_or_path)
+    return parse_target(*read_named(name_or_path, BUILTIN_TARGETS, "machines", "--target", "target",
+                                    "built-in targets are"))
 
 
 def parse_target(data: dict, source: str) -> Target:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,23 @@ def read_toml(path: Path | str, text: str | None = None) -> dict[str, Any]:
     if text is None:
         text = read_text(str(path), kind="TOML file")
     return parse_toml(str(path), text[1:] if text.startswith("\ufeff") else text)
+
+
+def read_named(name_or_path: str, shipped: tuple[str, ...], folder: str, flag: str, kind: str,
+               listing: str) -> tuple[dict[str, Any], str]:
+    """(parsed TOML, source name) of a file shipped in ``trnopt/targets/<folder>/`` by name, or of a
+    user's TOML file by path; an empty or unknown name is one line naming ``flag`` (``kind``:
+    "target", "model preset"; ``listing``: "built-in targets are", "presets are")."""
+    if name_or_path in shipped:
+        source = f"targets/{folder}/{name_or_path}.toml"
+        return read_toml(source, resources.files("trnopt.targets").joinpath(f"{folder}/{name_or_path}.toml")
+                         .read_text("utf-8")), source
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise InputError(repr(name_or_path), flag, f"empty; {listing} {', '.join(shipped)}, or give a .toml path")
+    if Path(name_or_path).suffix != ".toml" and not Path(name_or_path).exists():
+        raise InputError(name_or_path, flag, f"unknown {kind}; {listing} {', '.join(shipped)}, or give a .toml "
+                         f"path{closest(name_or_path, shipped)}")
+    return read_toml(name_or_path), name_or_path
 
 
 def closest(name: str, known: set[str] | tuple[str, ...]) -> str:

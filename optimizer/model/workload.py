@@ -7,12 +7,10 @@ the published total so that tests can hold the derivation to it (within 1%).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from importlib import resources
-from pathlib import Path
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds as B
-from trnopt.optimizer.model.tomlcheck import Table, closest, read_toml
+from trnopt.optimizer.model.tomlcheck import Table, read_named
 
 PRESETS = ("llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mixtral-8x7b", "mixtral-8x22b",
            "deepseek-v3", "megatron-22b", "megatron-175b", "megatron-530b", "megatron-1t")
@@ -218,16 +216,7 @@ class Workload:
 
 def load_model(name_or_path: str) -> Model:
     """A shipped preset by name, or a user's TOML file by path."""
-    if name_or_path in PRESETS:
-        text = resources.files("trnopt.targets").joinpath(f"models/{name_or_path}.toml").read_text("utf-8")
-        return parse_model(read_toml(name_or_path, text), f"targets/models/{name_or_path}.toml")
-    if not isinstance(name_or_path, str) or not name_or_path.strip():
-        raise InputError(repr(name_or_path), "--model", f"empty; presets are {', '.join(PRESETS)}, or give a .toml path")
-    path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        raise InputError(name_or_path, "--model", f"unknown model preset; presets are {', '.join(PRESETS)}, "
-                         f"or give a .toml path{closest(name_or_path, PRESETS)}")
-    return parse_model(read_toml(name_or_path), name_or_path)
+    return parse_model(*read_named(name_or_path, PRESETS, "models", "--model", "model preset", "presets are"))
 
 
 def parse_model(data: dict, source: str) -> Model:
