@@ -21,7 +21,8 @@ from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import alltoall_expert_matmul_reference, alltoall_reference  # noqa: F401
 from trnopt.kernels.ring import SLAB_BYTES, one_program, replica_group
 from trnopt.kernels.routing import pack_dispatch, unpack_combine  # noqa: F401
-from trnopt.kernels.tiling import PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling, unit_pieces
+from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline, RowBlock,
+                                   choose_tiling, unit_pieces)
 
 
 def _check_shapes(x_disp, w, groups) -> tuple:
@@ -37,6 +38,21 @@ def _check_shapes(x_disp, w, groups) -> tuple:
     assert sizes == {ep}, f"every rank-list must hold ep={ep} ranks, got sizes {[len(g) for g in groups]}"
     one_program("alltoall_expert_matmul")
     return s, ep, el, h, c, f
+
+
+def expert_tiling(ep: int, c: int, h: int, f: int, dt, sbuf_bytes: int):
+    """``(tiling, blocks per call)``: the per-expert matmul over ep blocks of C rows goes in
+    calls of one PSUM row group (up to m_tiles x 128 rows) each, so that a call's x stays in
+    SBUF (``resident_x``) and the weight streams once per call: with several row groups
+    per call x would be re-read for every column group and W for every row group, DMA
+    traffic that competes with the all-to-alls for the core's DMA bandwidth."""
+    m_t = choose_tiling(ep * c, h, f, dt.itemsize, dt.itemsize, sbuf_bytes=sbuf_bytes).m_tiles
+    per_call = max(1, min(ep, m_t * STATIONARY_FMAX // c))
+    return choose_tiling(per_call * c, h, f, dt.itemsize, dt.itemsize, sbuf_bytes=sbuf_bytes), per_call
+
+
+def _calls(ep: int, per_call: int) -> list[range]:
+    return [range(j0, min(ep, j0 + per_call)) for j0 in range(0, ep, per_call)]
 
 
 @nki.jit
@@ -66,10 +82,11 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     Decomposition: all_to_all (collective_dim 0) of sub-chunk s moves x_disp[s, j] to list
     position j; the receiver runs, per local expert e, one `MatmulPipeline` over the ep
     source blocks recv[s, :, e] ([H, C] each) against w[e]; all_to_all of the results
-    returns them. The staging copy of sub-chunk s + 1 (collectives never touch kernel
-    inputs) and its dispatch go slab by slab over the first half of the matmul of s, the
-    combine of s - 1 (and its copy into y) over the second half: the collective engine
-    never waits on the matmul it should overlap, and no collective holds the DMA
+    returns them. The dispatch of sub-chunk s + 1 goes slab by slab over the first half of
+    the matmul of s (sub-chunk 0's K block by K block ahead of its first loads); the
+    combine of (s, e) goes in column slabs as the matmul evacuates them, and each slab's
+    copy into y (a kernel output stays out of collectives) follows it: the collective
+    engine never waits on the matmul it should overlap, and no collective holds the DMA
     bandwidth for long.
 
     Preconditions: shapes as above with matching E_local, H and dtype; every rank-list of
@@ -80,52 +97,74 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     rg, _ = replica_group(groups, channels, "alltoall_expert_matmul")
     dt = w.dtype
     y = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.shared_hbm, name="y")
-    send = nl.ndarray((s_n, ep, el, h, c), dtype=dt, buffer=nl.private_hbm, name="a2a_send")
     recv = nl.ndarray((s_n, ep, el, h, c), dtype=dt, buffer=nl.private_hbm, name="a2a_recv")
     res = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_res")
     back = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_back")
-    tiling = choose_tiling(ep * c, h, f, dt.itemsize, dt.itemsize, sbuf_bytes=sbuf_bytes)
+    tiling, per_call = expert_tiling(ep, c, h, f, dt, sbuf_bytes)
+    calls = _calls(ep, per_call)
     pipe = MatmulPipeline(h, f, dt, dt, tiling, name="moe")
-    # Both all-to-alls go in slabs of about SLAB_BYTES per rank (H rows of the dispatch, slot
-    # columns of the combine), each a side action of a matmul call: a large collective would
-    # take the shared DMA bandwidth from the matmul's loads for long.
+    # The dispatch goes in slabs of about SLAB_BYTES per rank (H rows), each a side action of
+    # a matmul call: a large collective would take the shared DMA bandwidth from the
+    # matmul's loads for long. The first sub-chunk's dispatch goes one K block of the
+    # pipeline at a time, each just ahead of the loads that read it, so the first matmul
+    # waits for one slab, not for the whole sub-chunk.
     k_slabs = unit_pieces(h, PMAX, -(-ep * el * h * c * dt.itemsize // (8 * SLAB_BYTES)))
-    c_slabs = unit_pieces(c, 1, -(-ep * el * c * f * dt.itemsize // (8 * SLAB_BYTES)))
+    k_first = [(tiles[0][0], sum(ks for _, ks in tiles)) for _, tiles in pipe.k_blocks]
+    # The combine goes per expert in column slabs (F) of whole column groups, each sent as
+    # soon as the expert's last call has evacuated those columns of every row (column
+    # groups run left to right, n_outer): the last sub-chunk's combine overlaps its own
+    # matmul.
+    # A slab's all-to-all and its ep copies into y are deferred one per K-block iteration
+    # (`MatmulPipeline.defer`): a burst of copies would hold back the weight loads of the
+    # next K block (double-buffered, so their slack is one K block of matmul). A slab spans
+    # enough column groups that its ep + 1 items fit the iterations the groups give.
+    group_cols = tiling.n_tiles * MOVING_FMAX
+    slots = max(1, len(pipe.k_blocks) - 1)  # deferred items per column group (one per iteration after the first)
+    groups = -(-f // group_cols)
+    per_slab = max(-(-(ep + 1) // slots), -(-groups // max(1, -(-ep * c * f * dt.itemsize // (8 * SLAB_BYTES)))))
+    f_slabs = unit_pieces(f, group_cols, -(-groups // per_slab))
+    row_groups = -(-(-(-per_call * c // STATIONARY_FMAX)) // tiling.m_tiles)
 
     def dispatch(s: int, k0: int, kl: int) -> None:
-        # collectives never touch kernel inputs: stage rows k0.. of sub-chunk s, then send them
-        for j in range(ep):
-            for e in range(el):
-                nisa.dma_copy(dst=send[s, j, e][k0:k0 + kl, 0:c], src=x_disp[s, j, e][k0:k0 + kl, 0:c],
-                              name="a2a_stage")
-        ncc.all_to_all(srcs=[send[s][0:ep, 0:el, k0:k0 + kl, 0:c]], dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]],
+        # x_disp is an HBM input: all_to_all may read it in place (its page asks only for
+        # HBM tensors, all srcs alike); only kernel outputs stay out of collectives
+        ncc.all_to_all(srcs=[x_disp[s][0:ep, 0:el, k0:k0 + kl, 0:c]], dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]],
                        replica_group=rg, collective_dim=0, name=f"dispatch{s}")
 
-    def combine(s: int, c0: int, cl: int) -> None:
-        ncc.all_to_all(srcs=[res[s][0:ep, 0:el, c0:c0 + cl, 0:f]], dsts=[back[s][0:ep, 0:el, c0:c0 + cl, 0:f]],
+    def combine(s: int, e: int, n0: int, nc: int) -> None:
+        ncc.all_to_all(srcs=[res[s][0:ep, e:e + 1, 0:c, n0:n0 + nc]], dsts=[back[s][0:ep, e:e + 1, 0:c, n0:n0 + nc]],
                        replica_group=rg, collective_dim=0, name=f"combine{s}")
         for j in range(ep):
-            for e in range(el):
-                nisa.dma_copy(dst=y[s, j, e][c0:c0 + cl, 0:f], src=back[s, j, e][c0:c0 + cl, 0:f], name="a2a_out")
+            pipe.defer(lambda j=j: nisa.dma_copy(dst=y[s, j, e][0:c, n0:n0 + nc], src=back[s, j, e][0:c, n0:n0 + nc],
+                                                 name="a2a_out"))
+
+    def combiner(s: int, e: int):
+        todo = list(f_slabs)
+        done: dict[int, int] = {}
+
+        def on_evac(n0: int, ncols: int) -> None:
+            done[n0] = done.get(n0, 0) + 1
+            if done[n0] < row_groups:
+                return
+            while todo and todo[0][0] + todo[0][1] <= n0 + ncols:
+                sl = todo.pop(0)
+                pipe.defer(lambda sl=sl: combine(s, e, *sl))
+        return on_evac
 
     def dispatches(s: int) -> list:
         return [lambda s=s, k0=k0, kl=kl: dispatch(s, k0, kl) for k0, kl in k_slabs] if s < s_n else []
 
-    def combines(s: int) -> list:
-        return [lambda s=s, c0=c0, cl=cl: combine(s, c0, cl) for c0, cl in c_slabs] if s >= 0 else []
-
-    for fn in dispatches(0):
-        fn()
     for s in range(s_n):
         for e in range(el):
-            # the next sub-chunk's dispatch over the first half of this one's matmul; the
-            # previous one's combine (its results are evacuated by then) over the second half
-            side = dispatches(s + 1) if e == 0 else []
-            late = combines(s - 1) if e == el - 1 else []
-            pipe([RowBlock(recv[s, j, e], res[s, j, e]) for j in range(ep)], w[e], side=side, late=late, w_key=e)
+            for i, js in enumerate(calls):
+                first, last = i == 0, i == len(calls) - 1
+                # the next sub-chunk's dispatch over the first half of this one's first call
+                side = dispatches(s + 1) if e == 0 and first else []
+                lead = ([lambda k0=k0, kl=kl: dispatch(0, k0, kl) for k0, kl in k_first]
+                        if s == 0 and e == 0 and first else [])
+                pipe([RowBlock(recv[s, j, e], res[s, j, e]) for j in js], w[e], side=side, lead=lead, w_key=e,
+                     n_outer=True, flush=False, on_evac=combiner(s, e) if last else None)
     pipe.flush()
-    for fn in combines(s_n - 1):
-        fn()
     return y
 
 
@@ -174,7 +213,8 @@ def grouped_expert_matmul(x_grouped, w, sbuf_bytes=SBUF_TRN2):
         sbuf_bytes: SBUF bytes per partition of the target chip.
 
     Returns:
-        y: [S, ep, E_local, C, F] in w's dtype, shared HBM (same tiling as the fused kernel).
+        y: [S, ep, E_local, C, F] in w's dtype, shared HBM (same tiling and calls as the
+        fused kernel, `expert_tiling`).
     """
     assert len(x_grouped.shape) == 5 and len(w.shape) == 3, (
         f"x_grouped must be 5-D and w 3-D, got {tuple(x_grouped.shape)} and {tuple(w.shape)}")
@@ -184,11 +224,12 @@ def grouped_expert_matmul(x_grouped, w, sbuf_bytes=SBUF_TRN2):
     f = w.shape[2]
     dt = w.dtype
     y = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.shared_hbm, name="y")
-    tiling = choose_tiling(ep * c, h, f, dt.itemsize, dt.itemsize, sbuf_bytes=sbuf_bytes)
+    tiling, per_call = expert_tiling(ep, c, h, f, dt, sbuf_bytes)
     pipe = MatmulPipeline(h, f, dt, dt, tiling, name="moe")
     for s in range(s_n):
         for e in range(el):
-            pipe([RowBlock(x_grouped[s, j, e], y[s, j, e]) for j in range(ep)], w[e], w_key=e)
+            for js in _calls(ep, per_call):
+                pipe([RowBlock(x_grouped[s, j, e], y[s, j, e]) for j in js], w[e], w_key=e)
     return y
 
 
