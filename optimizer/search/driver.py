@@ -164,7 +164,7 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     spaces = [Space(problem, lnc) for lnc in sorted(problem.lnc_values, key=lambda v: v != default)]
     for i, space in enumerate(spaces):
         left = time_limit - (time.perf_counter() - start)
-        if left <= 0 and any(r.evaluation is not None for r in results):
+        if left <= 1.0 and any(r.evaluation is not None for r in results):  # no time to build and solve another
             results.append(LnCResult(space.lnc, "UNKNOWN", None, math.inf, 0.0, 0.0))
             continue
         remaining = max(1.0, left / (len(spaces) - i))
