@@ -154,12 +154,18 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     a_size = (addend_itemsize or in_itemsize) if addend else 0
     budget = int(sbuf_bytes * SBUF_SHARE)
     one_row_group = math.ceil(rows / STATIONARY_FMAX) <= m_t and math.ceil(n / MOVING_FMAX) > n_t
-    for resident in (True, False):
-        for kb in (8, 4, 2, 1):
-            for rx in ((True, False) if one_row_group else (False,)):
-                t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=n_t, resident_w=resident, resident_x=rx)
-                if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget:
-                    return t
+    # a resident weight is worth narrower column groups (fewer PSUM banks per group): without
+    # it the weight is re-read for every call (every ring step of the reduce-scatter)
+    widths = [n_t]
+    while widths[-1] > 1:
+        widths.append(widths[-1] // 2)
+    for resident, nts in ((True, widths), (False, [n_t])):
+        for nt in nts:
+            for kb in (8, 4, 2, 1):
+                for rx in ((True, False) if one_row_group else (False,)):
+                    t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)
+                    if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget:
+                        return t
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
     raise AssertionError(f"matmul tiling for rows={rows}, k={k}, n={n} needs "
                          f"{t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "
