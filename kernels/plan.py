@@ -60,6 +60,7 @@ from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 
 ITEMSIZE = 2  # BF16 activations and weights
+SUM_ITEMSIZE = 4  # the reduce-scatter's running sums travel in FP32 (matmul_reduce_scatter's sum_dtype)
 PIECES = 4  # ring-step slabs (the kernels' default ``pieces``)
 
 
@@ -319,11 +320,12 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
                              "gradient of attention-out and MLP-out inputs backward", m, k, n, ch, chunk,
                              -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE), cap))
         m, k, n = shapes["matmul_reduce_scatter"]
-        t = choose_tiling(m // layout.tp, k, n, ITEMSIZE, ITEMSIZE, addend=True, sbuf_bytes=cap)
-        chunk = -(-(m // layout.tp) // ch) * n * ITEMSIZE
+        t = choose_tiling(m // layout.tp, k, n, ITEMSIZE, ITEMSIZE, addend=True, addend_itemsize=SUM_ITEMSIZE,
+                          sbuf_bytes=cap)
+        chunk = -(-(m // layout.tp) // ch) * n * SUM_ITEMSIZE
         out.append(KernelUse("matmul_reduce_scatter", "attention-out and MLP-out projections (row-parallel) "
                              "forward; gradient of QKV and MLP-in inputs backward", m, k, n, ch, chunk,
-                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, ITEMSIZE), cap))
+                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, SUM_ITEMSIZE), cap))
     if layout.ep > 1 and mdl.moe is not None:
         tokens = workload.training.seq // layout.cp * layout.micro_batch // layout.tp * mdl.moe.top_k
         e_local = mdl.moe.experts // layout.ep
