@@ -21,8 +21,8 @@ from trnopt.optimizer.model.workload import Training, Workload, load_model
 @pytest.fixture(scope="module")
 def solved_layout(tmp_path_factory):
     """A solved layout (llama3-8b on one trn2: TP inside a chip), as `trnopt solve --json` writes it;
-    a deterministic budget gives the layout an idle machine finds, whatever the load. (The default
-    trn2u solve now picks TP128, whose BF16 ring reduce-scatter misses the 2e-2 check.)"""
+    a deterministic budget gives the layout an idle machine finds, whatever the load, and one
+    instance keeps the simulated TP group small."""
     path = tmp_path_factory.mktemp("solve") / "layout.json"
     assert main(["solve", "--target", "trn2", "--model", "llama3-8b", "--instances", "1", "--time-limit", "900",
                  "--deterministic-limit", "60", "--top", "0", "--json", str(path)]) == 0
