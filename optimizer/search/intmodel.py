@@ -93,7 +93,9 @@ class IntModel:
             return Term(a.lo * b.lo, a.lo * b.lo, a.lo * b.lo, error)
         if a.constant or b.constant:
             k, x = (a.lo, b) if a.constant else (b.lo, a)
-            return Term(k * x.expr, k * x.lo, k * x.hi, error) if k else const(0)
+            # a zero constant keeps the product at 0, but not its rounding: a table whose entries all
+            # rounded to 0 ticks still carries their error times the other factor
+            return Term(k * x.expr, k * x.lo, k * x.hi, error) if k else Term(0, 0, 0, error)
         v = self.var(a.lo * b.lo, a.hi * b.hi, name, cap, error)
         self.model.add_multiplication_equality(v.expr, [self.materialise(a, name + "_a").expr,
                                                         self.materialise(b, name + "_b").expr])

@@ -69,3 +69,4 @@ def test_a_crashed_solve_is_an_error_not_a_time_out():
     bounded._solver = _Aborts()
     with pytest.raises(S.SolverCrash, match="SIGABRT"):
         bounded.solve(m)
+

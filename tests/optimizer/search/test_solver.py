@@ -15,6 +15,8 @@ from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.search.domains import explain_infeasible
 from trnopt.optimizer.search.driver import score_layout, solve, solve_space
 from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.search.intmodel import IntModel, const
+from trnopt.optimizer.search.solver import STATUS, solver_for
 from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import load_target, parse_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model, parse_model
@@ -158,3 +160,16 @@ def test_the_integer_model_scores_hsdp_layouts_as_the_cost_model_does():
     for lay in hsdp[::max(1, len(hsdp) // 12)]:
         objective, rounding = score_layout(space, lay)
         assert abs(objective - p.score(p.evaluate(lay))) <= rounding + 1e-9 * objective, lay.describe()
+
+
+def test_a_product_with_a_table_rounded_to_zero_keeps_its_rounding_error():
+    # every entry of a table rounded to 0 ticks (err 0.5 each) times a count of 7: the product is 0
+    # and may be off by up to 3.5 ticks; an error of 0 would let the referee's check fail
+    md = IntModel()
+    zeros = md.table(const(0), [0, 0, 0], "rounded", err=0.5)
+    count = md.var(0, 10, "count")
+    md.model.add(count.expr == 7)
+    product = md.mul(zeros, count, "product")
+    solver = solver_for(10.0, 1, 0)
+    assert STATUS[solver.solve(md.model)] == "OPTIMAL"
+    assert solver.value(product.expr) == 0 and product.error(solver.value) == pytest.approx(3.5)
