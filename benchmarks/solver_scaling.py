@@ -1,74 +1,142 @@
-"""CP-SAT against exhaustive enumeration of the same space, side by side in one run.
+"""The search at scale against exhaustive enumeration of the same space, side by side in one run.
 
-For every case: the search's wall time and status (OPTIMAL / FEASIBLE with gap /
-INFEASIBLE, over every LNC), the size of the space (placements x memory plans, counted
-before the workload's divisibility rules), and the brute-force time: measured when the
-space has at most --measure-limit points, otherwise estimated as points / the evaluation
-rate measured on a sample of the same enumerator (this overstates a little, since the
-enumerator skips points the workload's rules remove before scoring them). Goals
-(goals): proven optimal within 2 s for one UltraServer, within 60 s at 4,096 chips, and
-at least 100x faster than enumeration on the large spaces.
+Each case runs ``trnopt solve`` as a user would (its own process, the default runner-ups
+and robust choice, ``--json`` to a file) and prints: the status (OPTIMAL, FEASIBLE with
+its gap, INFEASIBLE), the wall time, the peak memory of the solve and of its CP-SAT
+children, the size of the JSON it wrote, and the enumeration time of the same space:
+measured when the space has at most --measure-limit points, otherwise estimated as
+points / the evaluation rate measured on a sample of the same enumerator (an
+overstatement, since the enumerator skips points the workload's rules remove before
+scoring them). ``--beside CMD`` runs CMD (the test suite, say) for the whole benchmark, so
+the timings are those of a loaded machine.
 
-    python benchmarks/solver_scaling.py [--time-limit 120] [--measure-limit 1500000]
+Goals: llama3-405b at about 100,000 chips OPTIMAL within 60 s; deepseek-v3 and
+mixtral-8x22b on trn2u x 1-64 and trn3-gen2 x 1-16 OPTIMAL within 30 s; at least 100x
+faster than enumeration on every space of 1M points or more; the JSON under 1 MB and the
+peak memory under 2 GiB for every solve.
+
+    python benchmarks/solver_scaling.py [--cases moe,dense,huge] [--beside "python -m pytest -q tests"]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
 import time
 
 from common import environment
 
-from trnopt.optimizer.search.bruteforce import brute_force
-from trnopt.optimizer.errors import InfeasibleError
-from trnopt.optimizer.search.driver import solve
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
+from trnopt.optimizer.search.bruteforce import brute_force
+from trnopt.optimizer.search.space import Space
 
+# (group, model, target, UltraServers, global batch, time limit in s)
 CASES = [
-    ("llama3-70b", "trn2u", 1),
-    ("llama3-405b", "trn2u", 1),
-    ("llama3-405b", "trn2u", 2),
-    ("llama3-405b", "trn2u", 8),
-    ("llama3-405b", "trn2u", 64),
-    ("llama3-405b", "trn3-gen2", 1),
-    ("llama3-405b", "trn3-gen2", 16),
-    ("deepseek-v3", "trn2u", 16),
+    ("dense", "llama3-70b", "trn2u", 1, 1024, 60),
+    ("dense", "llama3-405b", "trn2u", 2, 1024, 60),
+    ("dense", "llama3-405b", "trn2u", 8, 1024, 60),
+    ("dense", "llama3-405b", "trn2u", 64, 1024, 60),
+    ("dense", "llama3-405b", "trn3-gen2", 16, 1024, 60),
+    *(("moe", model, target, n, 1024, 30) for model in ("deepseek-v3", "mixtral-8x22b")
+      for target, n in (("trn2u", 1), ("trn2u", 4), ("trn2u", 16), ("trn2u", 64),
+                        ("trn3-gen2", 1), ("trn3-gen2", 4), ("trn3-gen2", 16))),
+    ("huge", "llama3-405b", "trn2u", 1600, 1024, 60),
+    # 700 x 144 chips: 1,024 sequences do not tile 403,200 ranks (the solve proves it at
+    # once); 1,600 do (dp a multiple of 25)
+    ("huge", "llama3-405b", "trn3-gen2", 700, 1024, 60),
+    ("huge", "llama3-405b", "trn3-gen2", 700, 1600, 60),
 ]
 SAMPLE = 3000
+
+# runs the CLI and reports its peak memory, its CP-SAT children's included
+CHILD = """
+import resource, sys
+from trnopt.optimizer.commands.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(f"peak_kib {peak}", file=sys.stderr)
+sys.exit(code or 0)
+"""
+
+
+def run_case(model: str, target: str, domains: int, batch: int, limit: float) -> dict:
+    """One ``trnopt solve`` in its own process: status, seconds, peak memory, JSON size."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "solve.json")
+        argv = ["solve", "--target", target, "--ultraservers", str(domains), "--model", model,
+                "--global-batch", str(batch), "--time-limit", str(limit), "--json", out]
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        peak = next((int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("peak_kib")), 0)
+        row = {"seconds": seconds, "peak_mib": peak / 1024, "exit": done.returncode}
+        if done.returncode == 3:
+            row.update(status="INFEASIBLE", layout="none fits or tiles", json_kib=0.0)
+        elif os.path.exists(out):
+            data = json.load(open(out, encoding="utf-8"))
+            status = data["status"] if data["status"] == "OPTIMAL" else f"FEASIBLE gap {100 * data['gap']:.1f}%"
+            row.update(status=status, layout=_describe(data["layout"]), json_kib=os.path.getsize(out) / 1024)
+        else:
+            row.update(status=f"exit {done.returncode}", layout=done.stderr.strip().splitlines()[-1][:80],
+                       json_kib=0.0)
+        return row
+
+
+def _describe(layout: dict) -> str:
+    degrees = " x ".join(f"{k.upper()}{layout[k]}" for k in ("tp", "pp", "dp", "ep", "cp") if layout[k] > 1)
+    return f"{degrees or 'TP1'}, ZeRO-{layout['zero']}, {layout['recompute']} recompute, LNC={layout['lnc']}"
+
+
+def enumeration(model: str, target_name: str, domains: int, batch: int, measure_limit: int) -> tuple[int, float, str]:
+    """(points, seconds, how) for brute force over the same space."""
+    target = load_target(target_name)
+    problem = Problem(Workload(load_model(model), Training(global_batch=batch)), target, domains)
+    points = sum(Space(problem, lnc).size() for lnc in problem.lnc_values)
+    if points <= measure_limit:
+        return points, brute_force(problem).seconds, "measured"
+    sample = brute_force(problem, limit=SAMPLE)
+    return points, points * sample.seconds / max(sample.evaluated, 1), "estimated"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--cases", default="dense,moe,huge", help="groups to run: dense, moe, huge")
     ap.add_argument("--measure-limit", type=int, default=1_500_000)
+    ap.add_argument("--beside", default="", help="a command to run for the whole benchmark (load)")
     args = ap.parse_args()
+    groups = set(args.cases.split(","))
     print(environment())
-    print(f"{'case':32s} {'chips':>6s} {'points':>12s} {'CP-SAT s':>9s} {'status':>18s} "
-          f"{'brute s':>12s} {'brute':>10s} {'ratio':>9s}  layout")
-    for model, target_name, domains in CASES:
-        target = load_target(target_name)
-        problem = Problem(Workload(load_model(model), Training()), target, domains)
-        points = sum(Space(problem, lnc).size() for lnc in problem.lnc_values)
-        start = time.perf_counter()
-        try:
-            result = solve(problem, time_limit=args.time_limit, top=0)
-            status = "OPTIMAL" if result.status == "OPTIMAL" else f"FEASIBLE gap {100 * result.gap:.1f}%"
-            layout = result.best.layout.describe()
-        except InfeasibleError:
-            status, layout = "INFEASIBLE", "none fits"
-        solve_s = time.perf_counter() - start
-        if points <= args.measure_limit:
-            bf = brute_force(problem)
-            brute_s, how = bf.seconds, "measured"
-        else:
-            sample = brute_force(problem, limit=SAMPLE)
-            brute_s, how = points * sample.seconds / max(sample.evaluated, 1), "estimated"
-        chips = domains * target.chips_per_domain
-        print(f"{model + ' on ' + target_name + ' x' + str(domains):32s} {chips:6d} {points:12,d} {solve_s:9.2f} "
-              f"{status:>18s} {brute_s:12.1f} {how:>10s} {brute_s / solve_s:8.0f}x  {layout}", flush=True)
+    beside = None
+    if args.beside:
+        beside = subprocess.Popen(shlex.split(args.beside), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"beside: {args.beside} (pid {beside.pid})")
+    print(f"{'case':36s} {'points':>16s} {'status':>18s} {'solve s':>8s} {'limit':>5s} {'peak MiB':>8s} "
+          f"{'JSON KiB':>8s} {'enum s':>10s} {'enum':>9s} {'ratio':>7s}  layout")
+    try:
+        for group, model, target, domains, batch, limit in CASES:
+            if group not in groups:
+                continue
+            row = run_case(model, target, domains, batch, limit)
+            points, enum_s, how = enumeration(model, target, domains, batch, args.measure_limit)
+            name = f"{model} {target} x{domains}" + (f" batch {batch}" if batch != 1024 else "")
+            print(f"{name:36s} {points:16,d} {row['status']:>18s} {row['seconds']:8.2f} {limit:5.0f} "
+                  f"{row['peak_mib']:8.0f} {row['json_kib']:8.1f} {enum_s:10.1f} {how:>9s} "
+                  f"{enum_s / row['seconds']:6.0f}x  {row['layout']}", flush=True)
+    finally:
+        if beside is not None:
+            still = beside.poll() is None
+            beside.terminate()
+            print(f"beside: {'still running at the end' if still else f'ended before the end (exit {beside.returncode})'}")
 
 
 if __name__ == "__main__":

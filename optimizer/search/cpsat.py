@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Collection
+
+from ortools.sat.python import cp_model
 
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.evaluate import Evaluation, inverse_goodput
@@ -388,6 +391,31 @@ class LayoutModel(IntModel):
                                       (self.hsdp_values, self.hsdp, layout.dp_replicate > 1)):
             for v, b in zip(values, bools):
                 yield b, v == chosen
+
+    def restricted(self, degrees: dict[str, int], plans: Collection[tuple[str, int]], objective_cap_s: float,
+                   rows: dict[str, tuple[int, ...]] | None = None):
+        """A copy of the model with each family's degree fixed (and its placement row, given
+        ``rows``: span decision -> row), the (recompute, ZeRO) pairs limited to ``plans`` and the
+        objective at most ``objective_cap_s`` (one branch of search/branch.py). The copy shares
+        this model's variable indices, so ``layout`` reads its solutions."""
+        copy = cp_model.CpModel()
+        copy.proto.copy_from(self.model.proto)
+        for d in self.active:
+            # the family's one-hot: its degree's literal true
+            copy.proto.variables[self.deg[d][self.degree_values[d].index(degrees[d])].index].domain[0] = 1
+            if rows is not None:
+                # and on each axis, its factor's literal
+                for j, factor in enumerate(rows[f"span.{d}"]):
+                    copy.proto.variables[self.place[d][j][self.axis_divisors[j].index(factor)].index].domain[0] = 1
+        for rc, rc_lit in zip(self.recompute_values, self.rc):
+            for zero, zero_lit in zip(self.zero_values, self.zero):
+                if (rc, zero) not in plans:
+                    # a plan the branch dropped
+                    copy.add_bool_or([rc_lit.Not(), zero_lit.Not()])
+        if objective_cap_s < math.inf:
+            # only layouts that could enter the best found so far
+            copy.add(self.objective.expr <= math.floor(objective_cap_s / self.objective_unit) + 1)
+        return copy
 
     def hint(self, layout: Layout):
         """Start the search from ``layout``."""

@@ -1,10 +1,17 @@
-"""The whole search a user asks for: every LNC's space, the cutoff between them, the goodput
-objective's two phases, the runner-ups, and the obvious alternatives with why each lost.
+"""The whole search a user asks for: every LNC's space, the runner-ups, the robust choice, and
+the obvious alternatives with why each lost.
 
-Determinism: the best layout of a space is proven (or its gap stated) within the wall-clock
-limit; the runner-up solves run on CP-SAT's deterministic time (one worker), so the
-same command prints the same runner-ups on a loaded machine as on an idle one, and the
-result says when that budget cut them short.
+Step time, the default objective, is one branch and bound over every LNC's degree tuples
+(search/branch.py), each promising placement solved exactly by the CP-SAT model; its
+runner-ups are the best layouts of the next best degree tuples, proven like the best.
+Goodput (step time / goodput) is solved per LNC with the whole CP-SAT model, in two phases
+(the step-time optimum bounds the goodput optimum's step), the best so far a cutoff for
+the next LNC, and runner-ups by excluding each answer's degrees in turn.
+
+Determinism: the best layout is proven (or its gap stated) within the wall-clock limit;
+the branch solves and the runner-up solves run with one worker, and
+``deterministic_limit`` bounds each by CP-SAT's deterministic time, so the same command
+gives the same answer on a loaded machine as on an idle one.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import GIB
+from trnopt.optimizer.search.branch import SpaceBounds, search
 from trnopt.optimizer.search.cpsat import LayoutModel, SolverMismatch, check_agreement
 from trnopt.optimizer.search.solver import STATUS, solver_for
 from trnopt.optimizer.search.hint import greedy_layout
@@ -80,6 +88,8 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     start = time.perf_counter()
     deadline = start + time_limit
     p = space.problem
+    if p.objective == "step-time":
+        return _solve_by_branches(space, deadline, seed, runners_up, cutoff, deterministic_limit)
     bound = None
     if p.objective == "goodput":
         # the step-time optimum S with goodput g bounds the goodput optimum's step: S / g / min goodput
@@ -150,18 +160,63 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     return result
 
 
-def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
-          seed: int = defaults.SEED, top: int = defaults.TOP, deterministic_limit: float | None = None,
-          uncertainty: float = 0.0) -> SearchResult:
-    """Solve every LNC's space within ``time_limit`` in all; raise InfeasibleError with the explanation."""
-    from trnopt.optimizer.search.domains import explain_infeasible
-
+def _solve_by_branches(space: Space, deadline: float, seed: int, runners_up: int, cutoff: float | None,
+                       deterministic_limit: float | None) -> LnCResult:
+    """The step-time optimum of one LNC's space by branch and bound over its degree tuples (search/branch.py)."""
     start = time.perf_counter()
+    lm = LayoutModel(space)
+    built = time.perf_counter() - start
+    hint = greedy_layout(space)
+    found = search([SpaceBounds(lm)], deadline, 1 + runners_up, math.inf if cutoff is None else cutoff, seed,
+                   deterministic_limit, (hint,) if hint is not None else ())
+    seconds = time.perf_counter() - start
+    if not found.found:
+        status = ("NO_BETTER" if cutoff is not None else "INFEASIBLE") if found.proven else "UNKNOWN"
+        return LnCResult(space.lnc, status, None, math.inf, found.bound, seconds, build_seconds=built)
+    (objective, best), *others = found.found
+    return LnCResult(space.lnc, "OPTIMAL" if found.proven else "FEASIBLE", best, objective, found.bound, seconds,
+                     [e for _, e in others], found.rounding, runners_up > 0 and not found.proven, built)
+
+
+@dataclass
+class _Found:
+    """What a search of every LNC's space found: the layouts best first (the best, then runner-ups)."""
+
+    evaluations: list[Evaluation]
+    proven: bool          # the best is optimal over every LNC
+    bound: float          # seconds: no layout is faster
+    runners_up_cut: bool
+    build_seconds: float  # the longest build of one LNC's model
+    statuses: str         # per LNC, for the time-limit message
+    infeasible: bool      # proven that no layout fits
+
+
+def _by_branches(problem: Problem, spaces: list[Space], deadline: float, seed: int, top: int,
+                 deterministic_limit: float | None) -> _Found:
+    """Step time: one branch and bound over every LNC's degree tuples (search/branch.py)."""
+    models, build = [], 0.0
+    for space in spaces:
+        if models and deadline - time.perf_counter() <= 1 + 2 * build:  # no time to build and search another
+            break
+        started = time.perf_counter()
+        models.append(LayoutModel(space))
+        build = max(build, time.perf_counter() - started)
+    known = tuple(h for h in (greedy_layout(lm.space) for lm in models) if h is not None)
+    found = search([SpaceBounds(lm) for lm in models], deadline, 1 + top, math.inf, seed, deterministic_limit, known)
+    evaluations = [e for _, e in found.found]
+    # an LNC left unbuilt is unknown: nothing is proven and nothing bounds it
+    proven, bound = (found.proven, found.bound) if len(models) == len(spaces) else (False, 0.0)
+    status = "OPTIMAL" if proven else "FEASIBLE" if evaluations else "UNKNOWN"
+    left_out = ", ".join(f"LNC={s.lnc}" for s in spaces[len(models):])
+    return _Found(evaluations, proven, bound, top > 0 and not proven, build,
+                  f"{status} after {found.solves} CP-SAT solves over {found.branches} degree tuples"
+                  + (f"; {left_out} not searched" if left_out else ""), proven and not evaluations)
+
+
+def _per_lnc(problem: Problem, spaces: list[Space], start: float, time_limit: float, workers: int, seed: int,
+             top: int, deterministic_limit: float | None) -> _Found:
+    """Goodput: each LNC's space in turn, the best so far a cutoff for the next (branch and bound across LNC)."""
     results = []
-    # the target's default LNC first; its optimum is then a cutoff for the others, which
-    # usually proves them no better at once (branch and bound across LNC values)
-    default = problem.target.chip.lnc_default
-    spaces = [Space(problem, lnc) for lnc in sorted(problem.lnc_values, key=lambda v: v != default)]
     for i, space in enumerate(spaces):
         left = time_limit - (time.perf_counter() - start)
         if left <= 1.0 and any(r.evaluation is not None for r in results):  # no time to build and solve another
@@ -171,29 +226,52 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
         incumbent = min((r.objective for r in results if r.evaluation is not None), default=None)
         results.append(solve_space(space, remaining, workers, seed, runners_up=top, cutoff=incumbent,
                                    deterministic_limit=deterministic_limit))
-    found = [r for r in results if r.evaluation is not None]
-    if not found:
-        if all(r.status == "INFEASIBLE" for r in results):
-            raise InfeasibleError(explain_infeasible(problem, workers, seed, deadline=start + time_limit))
-        raise TimeLimitError(f"no layout found within {time_limit:g} s (statuses: "
-                             f"{', '.join(f'LNC={r.lnc} {r.status}' for r in results)}), and none is proven "
-                             "impossible; raise --time-limit")
-    best = min(found, key=lambda r: r.objective)
-    bound = min(r.bound if r.evaluation else 0.0 for r in results if r.status not in ("INFEASIBLE", "NO_BETTER"))
+    found = sorted((r for r in results if r.evaluation is not None), key=lambda r: r.objective)
+    evaluations = []
+    if found:
+        best = found[0].evaluation
+        evaluations = [best] + sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e is not best),
+                                      key=problem.score)
+    bound = min((r.bound if r.evaluation else 0.0 for r in results if r.status not in ("INFEASIBLE", "NO_BETTER")),
+                default=math.inf)
     proven = all(r.status in ("OPTIMAL", "INFEASIBLE", "NO_BETTER") for r in results)
-    gap = 0.0 if proven else max(0.0, (best.objective - bound) / best.objective)
-    fastest = best.evaluation
+    return _Found(evaluations, proven, bound, any(r.runners_up_cut for r in results),
+                  max(r.build_seconds for r in results), ", ".join(f"LNC={r.lnc} {r.status}" for r in results),
+                  all(r.status == "INFEASIBLE" for r in results))
+
+
+def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
+          seed: int = defaults.SEED, top: int = defaults.TOP, deterministic_limit: float | None = None,
+          uncertainty: float = 0.0) -> SearchResult:
+    """Solve every LNC's space within ``time_limit`` in all; raise InfeasibleError with the explanation."""
+    from trnopt.optimizer.search.domains import explain_infeasible
+
+    start = time.perf_counter()
+    # the target's default LNC first: with goodput its optimum is then a cutoff for the others
+    default = problem.target.chip.lnc_default
+    spaces = [Space(problem, lnc) for lnc in sorted(problem.lnc_values, key=lambda v: v != default)]
+    if problem.objective == "step-time":
+        found = _by_branches(problem, spaces, start + time_limit, seed, top, deterministic_limit)
+    else:
+        found = _per_lnc(problem, spaces, start, time_limit, workers, seed, top, deterministic_limit)
+    if not found.evaluations:
+        if found.infeasible:
+            raise InfeasibleError(explain_infeasible(problem, workers, seed, deadline=start + time_limit))
+        raise TimeLimitError(f"no layout found within {time_limit:g} s ({found.statuses}), and none is proven "
+                             "impossible; raise --time-limit")
+    fastest = found.evaluations[0]
+    score = problem.score(fastest)
+    gap = 0.0 if found.proven else max(0.0, (score - found.bound) / score)
     # the robust choice builds one more model of the space: only when the limit leaves time to build and solve it
     remaining = time_limit - (time.perf_counter() - start)
-    build = max(r.build_seconds for r in results)
+    build = found.build_seconds
     robust_skipped = uncertainty > 0 and remaining <= 1 + 2 * build
     chosen = robust_choice(problem, fastest, uncertainty, seed, remaining - build) \
         if uncertainty > 0 and not robust_skipped else fastest
-    runners = sorted((e for r in found for e in [r.evaluation, *r.runners_up] if e.layout != chosen.layout),
-                     key=problem.score)[:top]
-    return SearchResult(problem, chosen, "OPTIMAL" if proven else "FEASIBLE", gap,
+    runners = sorted((e for e in found.evaluations if e.layout != chosen.layout), key=problem.score)[:top]
+    return SearchResult(problem, chosen, "OPTIMAL" if found.proven else "FEASIBLE", gap,
                         time.perf_counter() - start, sum(s.size() for s in spaces), runners,
-                        alternatives(problem, chosen), runners_up_cut=any(r.runners_up_cut for r in results),
+                        alternatives(problem, chosen), runners_up_cut=found.runners_up_cut,
                         fastest=fastest, uncertainty=uncertainty, robust_skipped=robust_skipped)
 
 

@@ -30,7 +30,7 @@ def greedy_layout(space: Space) -> Layout | None:
                     continue
                 if layout.workload_problems(p.workload):
                     continue
-                if p.instance_blocks and not instance_blocks_hold(layout, p.target.chips_per_instance):
+                if p.instance_blocks and not instance_blocks_hold(space.axes, rows, p.target.chips_per_instance):
                     continue
                 if p.evaluate(layout).fits:
                     return layout

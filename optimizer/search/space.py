@@ -8,6 +8,7 @@ size, interleaved stages). LNC and the number of domains fix the axes, so each
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ MAX_MICRO_BATCH = 16        # sequences per micro-batch: any divisor of the glob
 INTERLEAVES = (1, 2, 3, 4, 6, 8)  # virtual stages per pipeline rank (as many as the layers allow)
 
 
+@functools.lru_cache(maxsize=4096)
 def divisors(n: int) -> tuple[int, ...]:
     """The divisors of n in increasing order, in O(sqrt n)."""
     small, large = [], []
@@ -51,30 +53,42 @@ def prime_exponents(n: int) -> dict[int, int]:
     return out
 
 
-def instance_blocks_hold(layout: Layout, chips_per_instance: int) -> bool:
+BlockState = tuple[tuple[int, ...], bool]  # per axis the positions the rows so far took; an outside digit seen
+
+
+def instance_blocks_hold(axes: tuple[Axis, ...], placement, chips_per_instance: int) -> bool:
     """The rule the CP-SAT model encodes (cpsat.LayoutModel._instance_blocks): in rank order no
     digit straddles an instance boundary on its own, and no digit inside an instance follows
     one outside it. Sufficient for torchrun's one-block-per-instance numbering; it skips the
     placements that are producible only because two families' digits on one axis align
-    together (frameworks.profile.producible is the exact check)."""
-    inside = instance_prefix(layout.axes, chips_per_instance)
-    cumulative = [1] * len(layout.axes)
-    seen_outside = False
-    for row in layout.placement:
-        for j, f in enumerate(row):
-            if f == 1:
-                continue
-            before, after, k = cumulative[j], cumulative[j] * f, inside[j]
-            is_in, is_out = k % after == 0, before % k == 0
-            split = k % before == 0 and after % k == 0
-            if not (is_in or is_out or split):
-                return False
-            if not is_out and seen_outside:  # an inside part after an outside digit
-                return False
-            if not is_in:
-                seen_outside = True
-            cumulative[j] = after
+    together (frameworks.profile.producible is the exact check). ``placement``: a layout's
+    rows in DIMS order."""
+    inside = instance_prefix(axes, chips_per_instance)
+    state: BlockState | None = ((1,) * len(inside), False)
+    for row in placement:
+        state = block_step(inside, state, row)
+        if state is None:
+            return False
     return True
+
+
+def block_step(inside: tuple[int, ...], state: BlockState, row: tuple[int, ...]) -> BlockState | None:
+    """One row of instance_blocks_hold's rule, ``inside`` the instance's share of each axis
+    (placement.instance_prefix): the state after the row, or None where it breaks the rule."""
+    cumulative, seen_outside = state
+    for j, f in enumerate(row):
+        if f == 1:
+            continue
+        before, after, k = cumulative[j], cumulative[j] * f, inside[j]
+        is_in, is_out = k % after == 0, before % k == 0
+        split = k % before == 0 and after % k == 0
+        if not (is_in or is_out or split):
+            return None
+        if not is_out and seen_outside:  # an inside part after an outside digit
+            return None
+        if not is_in:
+            seen_outside = True
+    return tuple(c * f for c, f in zip(cumulative, row)), seen_outside
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,6 @@ class Space:
                 if layout.workload_problems(workload):
                     continue
                 if self.problem.instance_blocks and not instance_blocks_hold(
-                        layout, self.problem.target.chips_per_instance):
+                        self.axes, rows, self.problem.target.chips_per_instance):
                     continue
                 yield layout

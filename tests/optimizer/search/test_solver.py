@@ -64,7 +64,8 @@ def small_problems(draw):
     training = Training(seq=draw(st.sampled_from([512, 2048, 32768])), global_batch=draw(st.sampled_from([4, 8, 12])))
     workload = Workload(parse_model(model, "hypothesis"), training)
     return Problem(workload, target, domains, headroom=0.1,
-                   objective=draw(st.sampled_from(["step-time", "step-time", "goodput"])), hsdp=draw(st.booleans()))
+                   objective=draw(st.sampled_from(["step-time", "step-time", "goodput"])), hsdp=draw(st.booleans()),
+                   instance_blocks=draw(st.booleans()))
 
 
 @settings(max_examples=int(os.environ.get("TRNOPT_EXAMPLES", 40)), deadline=None, derandomize=not os.environ.get("TRNOPT_EXAMPLES"),
