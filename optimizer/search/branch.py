@@ -179,6 +179,8 @@ class SpaceBounds:
         def extend(i: int, left: tuple[int, ...], chosen: list, blocks):
             if i == len(families):
                 rows = dict(zip(families, chosen))
+                if not self.lm.canonical({d: rows.get(d, ones) for d in self.lm.active}):
+                    return  # the mirror of another placement (identical axes), which the model excludes
                 ep, edp = rows.get("ep", ones), rows.get("edp", ones)
                 yield {"span.tp": rows.get("tp", ones), "span.cp": rows.get("cp", ones), "span.ep": ep,
                        "span.edp": edp, "span.pp": rows.get("pp", ones),

@@ -183,16 +183,11 @@ class LayoutModel(IntModel):
                     md.add(sum(prime_exponents(v).get(p, 0) * b for v, b in zip(divs, self.dense_group[j]))
                            == sum(prime_exponents(v).get(p, 0) * b for d in ("ep", "edp")
                                   for v, b in zip(divs, self.place[d][j])))
-        for j in range(0 if self.scoring else len(space.axes) - 1):
+        for j in () if self.scoring else self.interchangeable():
             # identical neighbouring axes (a torus's x and y) are interchangeable: keep the
             # placements whose factors on the first are lexicographically >= the second's
-            a0, a1 = space.axes[j], space.axes[j + 1]
-            if (a0.kind, a0.size, a0.bandwidth, a0.latency) != (a1.kind, a1.size, a1.bandwidth, a1.latency):
-                continue
-            base = len(self.axis_divisors[j])
-            keys = [sum(base ** (len(self.active) - 1 - i) * k * b for i, d in enumerate(self.active)
-                        for k, b in enumerate(self.place[d][axis_j])) for axis_j in (j, j + 1)]
-            md.add(keys[0] >= keys[1])
+            md.add(self._axis_key(j, lambda d, jj: sum(k * b for k, b in enumerate(self.place[d][jj])))
+                   >= self._axis_key(j + 1, lambda d, jj: sum(k * b for k, b in enumerate(self.place[d][jj]))))
         for d in self.active:
             for p in prime_exponents(space.ranks):
                 # a family's degree is the product of its factors (exponents again)
@@ -231,6 +226,24 @@ class LayoutModel(IntModel):
             # the plan fits the HBM less the headroom
             usable = int(self.problem.target.chip.hbm_bytes * (1 - self.problem.headroom))
             md.add(self.memory.expr <= usable)
+
+    def interchangeable(self) -> list[int]:
+        """Each j whose axes j and j + 1 are identical (kind, size, bandwidth, latency)."""
+        axes = self.space.axes
+        return [j for j in range(len(axes) - 1) if (axes[j].kind, axes[j].size, axes[j].bandwidth, axes[j].latency)
+                == (axes[j + 1].kind, axes[j + 1].size, axes[j + 1].bandwidth, axes[j + 1].latency)]
+
+    def _axis_key(self, j: int, factor_index):
+        """The families' factors on axis j as one mixed-radix number, the first active family most
+        significant; ``factor_index(family, j)`` is a factor's position in the axis's divisors."""
+        base = len(self.axis_divisors[j])
+        return sum(base ** (len(self.active) - 1 - i) * factor_index(d, j) for i, d in enumerate(self.active))
+
+    def canonical(self, rows: dict[str, tuple[int, ...]]) -> bool:
+        """Whether a placement (family -> row) keeps the symmetry rule of _constraints."""
+        def index(d, j):
+            return self.axis_divisors[j].index(rows[d][j])
+        return all(self._axis_key(j, index) >= self._axis_key(j + 1, index) for j in self.interchangeable())
 
     def _hsdp(self):
         """HSDP's rules, enforced by its literal (space.Space.layouts holds the same ones)."""

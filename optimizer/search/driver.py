@@ -73,6 +73,8 @@ class SearchResult:
     fastest: Evaluation | None = None  # the fastest layout, when the robust choice is another
     robust_skipped: bool = False  # the time limit left too little to look for a robust choice
     uncertainty: float = 0.0           # the relative step-time uncertainty near-ties were judged by
+    search_seconds: float = 0.0        # of ``seconds``, the search for the fastest and its proof (the rest:
+                                       # the robust choice and the alternatives)
 
 
 def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
@@ -259,6 +261,7 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
             raise InfeasibleError(explain_infeasible(problem, workers, seed, deadline=start + time_limit))
         raise TimeLimitError(f"no layout found within {time_limit:g} s ({found.statuses}), and none is proven "
                              "impossible; raise --time-limit")
+    searched = time.perf_counter() - start
     fastest = found.evaluations[0]
     score = problem.score(fastest)
     gap = 0.0 if found.proven else max(0.0, (score - found.bound) / score)
@@ -272,7 +275,8 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     return SearchResult(problem, chosen, "OPTIMAL" if found.proven else "FEASIBLE", gap,
                         time.perf_counter() - start, sum(s.size() for s in spaces), runners,
                         alternatives(problem, chosen), runners_up_cut=found.runners_up_cut,
-                        fastest=fastest, uncertainty=uncertainty, robust_skipped=robust_skipped)
+                        fastest=fastest, uncertainty=uncertainty, robust_skipped=robust_skipped,
+                        search_seconds=searched)
 
 
 def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, seed: int,
