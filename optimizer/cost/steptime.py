@@ -254,20 +254,20 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     dense = mdl.total_params() - experts
 
     def sync(kind: str, params: float, z: int, hsdp: bool, sp) -> tuple[float, float]:
-        """(seconds per unit of cp, fixed seconds) of one step's gradient reduction ("grads",
-        before the ZeRO share) or one ZeRO-3 gather ("gather") of ``params`` over the
-        data-parallel span ``sp``; under HSDP over its shard group, plus the replicas'
-        all-reduce of the shard."""
+        """(seconds per unit of cp, fixed seconds) of one step's gradient reduction ("grads": an
+        all-reduce, under ZeRO-3 a reduce-scatter) or one ZeRO-3 gather ("gather") of
+        ``params`` over the data-parallel span ``sp``; under HSDP over its shard group, plus
+        the replicas' all-reduce of the shard."""
         shard, replicas = hsdp_spans(sp) if hsdp else (sp, ())
         op, per_param = ("all_gather", tr.weight_bytes) if kind == "gather" else ("all_reduce", tr.grad_bytes)
         size = params * per_param * _span_size(sp) / R  # bytes of the stage's full gradients (weights) per cp
-        seconds, fixed_s = size * per_byte(op, shard), fixed(op, shard)
+        # a reduce-scatter is half an all-reduce's bytes and hops
+        half = 0.5 if kind == "grads" and z == 3 else 1.0
+        seconds, fixed_s = half * size * per_byte(op, shard), half * fixed(op, shard)
         if kind == "grads" and replicas:
             share = _span_size(shard) if z >= 2 else 1  # the shard the replicas exchange
-            # counted twice here: the ZeRO share below halves this term for ZeRO-3 only
-            twice = 2 if z == 3 else 1
-            seconds += twice * size / share * per_byte("all_reduce", replicas)
-            fixed_s += twice * fixed("all_reduce", replicas)
+            seconds += size / share * per_byte("all_reduce", replicas)
+            fixed_s += fixed("all_reduce", replicas)
         return seconds, fixed_s
 
     def group_time(kind: str, name: str) -> f.Expr:
@@ -287,9 +287,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         return f.add(*parts, name=name)
 
     layers_per_stage = f.count("pp", layers, "layers_per_stage")
-    # ZeRO-3 reduce-scatters only: half an all-reduce's bytes and hops
-    halves = f.count("zero", lambda z: 1 if z == 3 else 2, "dp_halves")
-    grads = f.ratio(f.prod(halves, group_time("grads", "dp_all_reduce")), 2, name="dp_comm")
+    grads = group_time("grads", "dp_comm")
     window = f.ratio(f.prod(f.count("recompute", backward_144ths, "backward_144ths"), work),
                      f.prod(m, coef=144), name="dp_window")
     dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
