@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import DIMS, EVERY_NTH, RECOMPUTE, Layout
-from trnopt.optimizer.model.placement import instance_prefix, instance_ranks, rank_of
+from trnopt.optimizer.model.placement import chip_coordinates, instance_prefix, instance_ranks, rank_of
 from trnopt.optimizer.model.target import Target
 
 
@@ -256,15 +256,11 @@ def torchrun_binding(layout: Layout, target: Target) -> TorchrunBinding | str:
     local = [0] * per
     for core, r in enumerate(instance_ranks(layout, target, 0, 0)):  # by logical core of the instance
         local[r] = core
-    sizes = [a.size for a in layout.axes[1:-1]]
     node_rank = {}
     for domain in range(layout.domains):
         for instance in range(target.instances_per_domain):
-            coords, rest = [], instance * target.chips_per_instance
-            for size in sizes:
-                coords.append(rest % size)
-                rest //= size
-            node_rank[(domain, instance)] = rank_of(layout, (0, *coords, domain)) // per
+            first_chip = chip_coordinates(layout, instance * target.chips_per_instance)
+            node_rank[(domain, instance)] = rank_of(layout, (0, *first_chip, domain)) // per
     return TorchrunBinding(per, node_rank, tuple(local))
 
 

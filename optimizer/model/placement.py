@@ -76,15 +76,21 @@ def place_of(layout: Layout, target: Target, rank: int) -> RankPlace:
                      chip_in_domain % target.chips_per_instance, axis_coord[0], dims)
 
 
+def chip_coordinates(layout: Layout, chip: int) -> tuple[int, ...]:
+    """A chip's coordinates on the domain's axes (those between the core axis and the scale-out
+    axis), from its index in the domain, the first axis fastest."""
+    coords = []
+    for axis in layout.axes[1:-1]:
+        coords.append(chip % axis.size)
+        chip //= axis.size
+    return tuple(coords)
+
+
 def instance_ranks(layout: Layout, target: Target, domain: int, instance: int) -> list[int]:
     """The ranks on one instance, by chip and core (chips * cores of one instance: bounded by the target)."""
-    sizes = [a.size for a in layout.axes[1:-1]]
     out = []
     for chip in range(instance * target.chips_per_instance, (instance + 1) * target.chips_per_instance):
-        coords, rest = [], chip
-        for size in sizes:
-            coords.append(rest % size)
-            rest //= size
+        coords = chip_coordinates(layout, chip)
         out += [rank_of(layout, (core, *coords, domain)) for core in range(layout.ranks_per_chip)]
     return out
 
