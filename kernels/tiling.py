@@ -29,10 +29,8 @@ Buffers are allocated once per pipeline and reused, so the simulator's dependenc
 tracking sees the write-after-read hazards that real buffer rotation has.
 
 One module of ~550 lines on purpose: the tiling choice and the pipeline that emits it share
-the same tile arithmetic (PSUM banks, K blocks, residency), and every kernel imports both.
-
-Over 400 lines: the pipeline and the tiling it is sized by are read together; the
-pipeline is the next thing to move to its own module.
+the same tile arithmetic (PSUM banks, K blocks, residency), every kernel imports both, and
+they are read together; the pipeline is the next thing to move to its own module.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class Branch:
     degrees: dict[str, int]
     floor: float                                  # seconds: no layout of the branch is faster
     plans: dict[tuple[str, int], float] | None = None  # once refined: (recompute, zero) plans left -> floor
-    placed_at: float | None = None  # the cutoff its points were checked against
+    placed: bool = False            # its points were bounded (or there were too many to)
     placements: list | None = None  # once placed: (floor, rows) of each placement that could beat it, best first
 
 
@@ -241,7 +241,7 @@ class SpaceBounds:
         HSDP ranging) at once; keep the plans with a point that fits and could beat ``cutoff``,
         and raise the floor to the least such point's. Skipped (the branch goes to CP-SAT as it
         is) past MAX_POINTS points."""
-        branch.placed_at = cutoff
+        branch.placed = True
         base = self.ranges(branch.degrees)
         plans = list(branch.plans)
         if not plans:
@@ -336,7 +336,7 @@ def search(spaces: list[SpaceBounds], deadline: float, keep: int = 1, cutoff: fl
             if branch.plans:
                 heapq.heappush(queue, (branch.floor, next(count), branch, None))
             continue
-        if rows is None and branch.placed_at is None:
+        if rows is None and not branch.placed:
             bounds.place(branch, limit())
             # each placement that could beat the cutoff is solved on its own; a branch with too
             # many to bound goes to CP-SAT whole

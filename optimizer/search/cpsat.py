@@ -1,5 +1,9 @@
 """The CP-SAT model of one Space: placement, degrees and memory plan, exact on the cost model.
 
+Over ~450 lines: the model's variables, its rules and the readers and writers of its
+literals (layout, hint, fix, restricted, canonical) share the literal families' layout;
+split, each part would reach into the others' internals.
+
 Formulation, and why: one variable family per decision, and the cost model's own trees
 (cost/steptime.py ``step_terms``, cost/memory.py ``memory_terms``), whose factors each
 depend on one decision, tabulated over that decision's values and multiplied as integers

@@ -92,14 +92,12 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     p = space.problem
     if p.objective == "step-time":
         return _solve_by_branches(space, deadline, seed, runners_up, cutoff, deterministic_limit)
-    bound = None
-    if p.objective == "goodput":
-        # the step-time optimum S with goodput g bounds the goodput optimum's step: S / g / min goodput
-        first = solve_space(Space(replace(p, objective="step-time"), space.lnc), time_limit / 2, workers, seed,
-                            deterministic_limit=deterministic_limit)
-        if first.evaluation is None:
-            return first
-        bound = p.score(first.evaluation) * 1.000001 + 1e-12
+    # goodput: the step-time optimum S with goodput g bounds the goodput optimum's step: S / g / min goodput
+    first = solve_space(Space(replace(p, objective="step-time"), space.lnc), time_limit / 2, workers, seed,
+                        deterministic_limit=deterministic_limit)
+    if first.evaluation is None:
+        return first
+    bound = p.score(first.evaluation) * 1.000001 + 1e-12
     if cutoff is not None:
         # Prove first that nothing beats the cutoff, usually at once. Without interleaving:
         # CP-SAT 9.15 aborts ("heuristics.fixed_search != nullptr") when an interleaved search
@@ -122,11 +120,10 @@ def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers
     # the model's construction and the hint came out of this LNC's budget
     solver = solver_for(max(0.5, deadline - time.perf_counter()), workers, seed,
                         deterministic_limit=deterministic_limit)
-    if p.objective == "goodput":
-        # CP-SAT 9.15's presolve wrongly proves the step x (1 / goodput) objective infeasible on
-        # some models (found by the brute-force referee); this phase is bounded by the step-time
-        # optimum, so it is solved without presolve
-        solver.parameters.cp_model_presolve = False
+    # CP-SAT 9.15's presolve wrongly proves the step x (1 / goodput) objective infeasible on
+    # some models (found by the brute-force referee); this phase is bounded by the step-time
+    # optimum, so it is solved without presolve
+    solver.parameters.cp_model_presolve = False
     status = STATUS[solver.solve(lm.model)]
     if status not in ("OPTIMAL", "FEASIBLE"):
         if status == "UNKNOWN" and hint is not None and p.score(p.evaluate(hint)) < (cutoff or math.inf):
@@ -193,7 +190,7 @@ class _Found:
     infeasible: bool      # proven that no layout fits
 
 
-def _by_branches(problem: Problem, spaces: list[Space], deadline: float, seed: int, top: int,
+def _by_branches(spaces: list[Space], deadline: float, seed: int, top: int,
                  deterministic_limit: float | None) -> _Found:
     """Step time: one branch and bound over every LNC's degree tuples (search/branch.py)."""
     models, build = [], 0.0
@@ -253,7 +250,7 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
     default = problem.target.chip.lnc_default
     spaces = [Space(problem, lnc) for lnc in sorted(problem.lnc_values, key=lambda v: v != default)]
     if problem.objective == "step-time":
-        found = _by_branches(problem, spaces, start + time_limit, seed, top, deterministic_limit)
+        found = _by_branches(spaces, start + time_limit, seed, top, deterministic_limit)
     else:
         found = _per_lnc(problem, spaces, start, time_limit, workers, seed, top, deterministic_limit)
     if not found.evaluations:

@@ -8,12 +8,11 @@ size, interleaved stages). LNC and the number of domains fix the axes, so each
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.cost.problem import Problem
@@ -27,7 +26,7 @@ MAX_MICRO_BATCH = 16        # sequences per micro-batch: any divisor of the glob
 INTERLEAVES = (1, 2, 3, 4, 6, 8)  # virtual stages per pipeline rank (as many as the layers allow)
 
 
-@functools.lru_cache(maxsize=4096)
+@lru_cache(maxsize=4096)
 def divisors(n: int) -> tuple[int, ...]:
     """The divisors of n in increasing order, in O(sqrt n)."""
     small, large = [], []
