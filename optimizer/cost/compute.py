@@ -36,7 +36,7 @@ from trnopt.optimizer.model.workload import Workload
 
 BF16 = 2
 FP32 = 4
-CAUSAL = 0.5  # share of score tiles a causal mask leaves
+CAUSAL = 0.5  # share of score tiles a causal mask leaves to a flash-attention kernel
 FLASH_BACKWARD_MATMULS = 5 / 2  # backward matmuls per forward matmul (scores recomputed)
 
 
@@ -122,17 +122,21 @@ def attention_core_seconds(workload: Workload, target: Target, rank: Rank, tp: i
     and the output [s/cp, d_v] as GEMMs over the causal share of tiles.
 
     Flash attention: the exponentials on ScalarE overlap the matmuls (the larger of the two),
-    and the backward runs five matmuls for the forward's two. Without it (Megatron-LM's fused
-    softmax, as in Korthikanti et al. 2022) the scores are written to HBM, then the softmax
-    and dropout read and write them (5 activation-sized passes and a 1-byte mask per score),
-    and the backward repeats the matmuls twice and the passes twice.
+    causal masking skips the tiles above the diagonal, and the backward runs five matmuls for
+    the forward's two. Without it (Megatron-LM's attention, as in Korthikanti et al. 2022) the
+    whole [s/cp, s] score matrix is computed (one batched GEMM, ``torch.baddbmm`` in
+    Megatron-LM's ``ParallelSelfAttention``, the causal mask applied inside the fused softmax,
+    so no tile is skipped) and written to HBM, then the softmax and dropout read and write it
+    (5 activation-sized passes and a 1-byte mask per score), and the backward repeats the
+    matmuls twice and the passes twice.
     """
     mdl, s = workload.model, workload.training.seq
     heads = mdl.heads / tp
     d_qk, d_v = _head_dims(workload)
     q = s / cp
-    matmul = CAUSAL * heads * b * (gemm_seconds(target, rank, q, d_qk, s) + gemm_seconds(target, rank, q, s, d_v))
-    scores = CAUSAL * heads * b * q * s
+    share = CAUSAL if workload.training.flash_attention else 1.0
+    matmul = share * heads * b * (gemm_seconds(target, rank, q, d_qk, s) + gemm_seconds(target, rank, q, s, d_v))
+    scores = share * heads * b * q * s
     if workload.training.flash_attention:
         exps = elementwise_seconds(target, rank, scores, 0.0, "scalar")
         return max(matmul, exps), max(FLASH_BACKWARD_MATMULS * matmul, exps)
@@ -152,7 +156,8 @@ def _head_dims(workload: Workload) -> tuple[int, int]:
 def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b: int, ep: int,
                moe: bool) -> LayerTime:
     """One layer's forward parts for b sequences of s / cp tokens on one rank of a TP group of tp
-    (sequence parallel: norms and residuals on T / tp tokens, GEMMs on T tokens and N / tp)."""
+    (GEMMs on T tokens and N / tp; norms and residuals on T / tp tokens with sequence
+    parallelism, on all T without it)."""
     mdl, h = workload.model, workload.model.hidden
     rank = Rank.of(target, lnc)
     tokens = workload.training.seq / cp * b
@@ -176,7 +181,9 @@ def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b
     else:
         mlp = _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, mdl.ffn / tp, 1)
         width = mdl.ffn / tp
-    sp = tokens / tp * h  # a sequence-parallel activation block, elements
+    # the block the norms and residuals work on, elements: a sequence-parallel rank's s/tp tokens,
+    # or every token when TP runs without sequence parallelism
+    sp = tokens / (tp if workload.training.sequence_parallel else 1) * h
     elementwise = (
         2 * elementwise_seconds(target, rank, 3 * sp, 3 * BF16 * sp, "vector")        # two RMSNorms
         + 2 * elementwise_seconds(target, rank, 2 * sp, 3 * BF16 * sp, "vector")      # two residual adds

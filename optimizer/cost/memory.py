@@ -12,6 +12,9 @@ Models", 2022, section 4): bytes per layer for s (sequence), b (micro-batch), h,
     no recompute          s*b*h/t * (34 + 5*a*s/h)    (t = 1: no TP)
     selective recompute   s*b*h/t * 34
     full recompute        s*b*h/t * 2
+Without sequence parallelism (TP alone, ibid. eq. 2) the 10 of the 34 that it shards (the
+norms' inputs, the attention's and MLP's inputs, the two dropout masks) and a full
+recompute's stored input are not divided by t: s*b*h * (10 + 24/t + 5*a*s/(h*t)).
 The 34 is 11 (attention) + 19 (a 4h MLP: 2 input + 16 for the two 4h tensors + 1 mask) +
 4 (norms); for other MLPs the 16 becomes (6 if gated else 4) * ffn / h, which gives 34
 back for the paper's models. Context parallelism divides s. On the first 1F1B stage
@@ -55,7 +58,7 @@ def zero_state_per_chip(params: float, model_parallel_chips: int, dp: int, zero:
 
 
 def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:
-    """One layer, one micro-batch, one rank: Korthikanti et al. (2022) with TP + SP (see module doc).
+    """One layer, one micro-batch, one rank: Korthikanti et al. (2022), TP with or without SP (module doc).
 
     Flash attention (the default) never stores the a*s^2 scores, so the 5as/h term appears
     only without it. MLP-only recompute keeps the attention's 11, the norms' 4 and the MLP's
@@ -67,14 +70,12 @@ def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch
     s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
     mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
     scores = 0.0 if tr.flash_attention else 5 * m.heads * s / h
-    sbh_t = s * b * h / t
-    if recompute == "full":
-        return 2 * sbh_t
-    if recompute == "selective":
-        return (11 + mlp + 4) * sbh_t
-    if recompute == "mlp":
-        return (11 + 4 + 2 + scores) * sbh_t
-    return sbh_t * (11 + mlp + 4 + scores)
+    # (kept, of which sequence parallelism shards): the norms' inputs, the two dropout masks and
+    # the attention's and MLP's inputs are 10 of the 34; a full recompute's stored input is its 2
+    kept, sharded_by_sp = {"full": (2, 2), "selective": (11 + mlp + 4, 10), "mlp": (11 + 4 + 2 + scores, 9)}.get(
+        recompute, (11 + mlp + 4 + scores, 10))
+    sbh = s * b * h
+    return sbh * ((kept - sharded_by_sp) / t + sharded_by_sp / (t if tr.sequence_parallel else 1))
 
 
 def recompute_working_set(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:

@@ -175,6 +175,11 @@ class Training:
     activation_bytes: int = 2
     flash_attention: bool = True
     """Attention scores stay on chip (FlashAttention; the NKI and TorchNeuron default)."""
+    sequence_parallel: bool = True
+    """TP with sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2; NxD's and torchtitan's
+    default): norms, dropouts and residuals run on s/tp tokens per rank and their activations are
+    sharded. Off, every TP rank runs them on all s tokens and keeps them whole; the TP collectives
+    become all-reduces of the same bytes."""
 
     def __post_init__(self):
         for name, top in (("seq", B.MAX_SEQ), ("global_batch", B.MAX_GLOBAL_BATCH)):

@@ -18,8 +18,6 @@ def test_trn1_published_runs_within_the_goal():
     assert max(errors) <= 0.20, [f"{r.label} {r.error:+.1%}" for r in scored]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met: Table 5 mean |error| is 8.1% (the 22B rows are -22%); "
-                   "reported, not widened")
 def test_table5_errors_within_the_goal():
     scored = rows(load_target("a100"), table5_cases())
     errors = [abs(r.error) for r in scored]

@@ -65,6 +65,16 @@ def test_korthikanti_activation_formulas():
     assert activation_bytes_per_layer(w, 8, 1, 4, "full") == pytest.approx(4 * 2 * s * h / 8)
 
 
+def test_korthikanti_activation_formulas_without_sequence_parallelism():
+    # ibid. eq. 2, TP alone: s b h (10 + 24 / t + 5 a s / (h t)); full recompute keeps 2 s b h
+    w = Workload(load_model("megatron-22b"), Training(seq=2048, flash_attention=False, sequence_parallel=False))
+    s, h, a = 2048, 6144, 64
+    assert activation_bytes_per_layer(w, 8, 1, 1, "none") == pytest.approx(s * h * (10 + 24 / 8 + 5 * a * s / (h * 8)))
+    assert activation_bytes_per_layer(w, 8, 1, 1, "selective") == pytest.approx(s * h * (10 + 24 / 8))
+    assert activation_bytes_per_layer(w, 8, 1, 2, "full") == pytest.approx(2 * 2 * s * h)
+    assert activation_bytes_per_layer(w, 1, 1, 1, "none") == pytest.approx(s * h * (34 + 5 * a * s / h))
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(zero=st.integers(0, 2), recompute=st.sampled_from(["none", "selective", "full"]))
 def test_more_sharding_never_raises_memory(zero, recompute):
