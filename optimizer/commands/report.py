@@ -114,9 +114,9 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
     u = result.uncertainty
     if result.fastest is not None and result.fastest.layout != e.layout:
         slower = p.score(e) / p.score(result.fastest) - 1
-        out.append(f"robust choice: {result.fastest.layout.describe()} [{result.fastest.layout.placement_text()}] "
-                   f"models {100 * slower:.2g}% faster, within the {u:.0%} uncertainty; this layout keeps TP on "
-                   "faster links (inside a chip first) and more headroom")
+        out.append(f"robust choice: this layout, not the fastest modelled, {result.fastest.layout.describe()} "
+                   f"[{result.fastest.layout.placement_text()}], which models {100 * slower:.2g}% faster, within the "
+                   f"{u:.0%} uncertainty; this layout keeps TP on faster links (inside a chip first) and more headroom")
     elif result.robust_skipped:
         out.append(f"robust choice: not looked for (the time limit left too little to build another model); "
                    f"this is the fastest layout found, without regard to the {u:.0%} uncertainty")
