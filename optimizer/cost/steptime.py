@@ -32,7 +32,7 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   micro-batch and virtual stage: v * (2 B pp s h a k / R  +  2 m lambda).
 - Bubble: (pp - 1) / (v m) * W (Narayanan et al. 2021, interleaved 1F1B).
 - DP: one gradient all-reduce per step (ZeRO-1/2: reduce-scatter + all-gather, the same
-  bytes; ZeRO-3: reduce-scatter only, half), the dense gradients over ep x edp and the
+  bytes; ZeRO-3: none, its reduce-scatters run per micro-batch), the dense gradients over ep x edp and the
   experts' over edp: cp * P g n k / R + lambda per group (n the group's size), overlapped
   with the backward of the last micro-batch except the last bucket (one layer's):
       exposed = max(G / L_s, G - backward share * W / m).
@@ -41,10 +41,16 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   the replicas then all-reduce one shard, cp * P g k / R * (n / n_shard) bytes per rank
   over the scale-out axis (ZeRO-1: the whole gradient, nothing being sharded before the
   step).
-- ZeRO-3: weights all-gathered forward and backward for every micro-batch, prefetched
-  under compute except the first layer's: max(g / L_s, 2 m g - compute), g one gather
-  (over the shard group under HSDP).
-- Optimizer: Adam reads and writes the rank's state once, at HBM bandwidth.
+- ZeRO-3 (PyTorch FSDP, Zhao et al. 2023 sec. 3.3: gathers before each layer's forward and
+  backward, a reduce-scatter after each layer's backward, on every micro-batch): weights
+  all-gathered forward and backward and gradients reduce-scattered (half an all-reduce, r)
+  per micro-batch, prefetched under compute except the first layer's gather and the last
+  layer's reduce-scatter: max((g + r) / L_s, m (2 g + r) - compute), g one gather (over
+  the shard group under HSDP).
+- Optimizer: Adam reads and writes the rank's state once; the global gradient norm reads
+  the gradients and clipping scales them (Pascanu et al. 2013; torchtitan's
+  ``clip_grad_norm_``, Megatron-LM's ``clip_grad_norm_fp32``): (2 * state + 3 * gradient
+  bytes) per parameter at HBM bandwidth.
 """
 
 from __future__ import annotations
@@ -254,16 +260,19 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     dense = mdl.total_params() - experts
 
     def sync(kind: str, params: float, z: int, hsdp: bool, sp) -> tuple[float, float]:
-        """(seconds per unit of cp, fixed seconds) of one step's gradient reduction ("grads": an
-        all-reduce, under ZeRO-3 a reduce-scatter) or one ZeRO-3 gather ("gather") of
-        ``params`` over the data-parallel span ``sp``; under HSDP over its shard group, plus
-        the replicas' all-reduce of the shard."""
+        """(seconds per unit of cp, fixed seconds) over the data-parallel span ``sp`` of one step's
+        gradient all-reduce ("grads"; under ZeRO-3 none: only HSDP's replicas exchange at the
+        step), one micro-batch's ZeRO-3 gradient reduce-scatter ("scatter") or one ZeRO-3
+        gather ("gather") of ``params``; under HSDP the shard group's, plus for "grads" the
+        replicas' all-reduce of the shard."""
         shard, replicas = hsdp_spans(sp) if hsdp else (sp, ())
         op, per_param = ("all_gather", tr.weight_bytes) if kind == "gather" else ("all_reduce", tr.grad_bytes)
         size = params * per_param * _span_size(sp) / R  # bytes of the stage's full gradients (weights) per cp
-        # a reduce-scatter is half an all-reduce's bytes and hops
-        half = 0.5 if kind == "grads" and z == 3 else 1.0
-        seconds, fixed_s = half * size * per_byte(op, shard), half * fixed(op, shard)
+        if kind == "scatter":  # a reduce-scatter is half an all-reduce's bytes and hops
+            return 0.5 * size * per_byte(op, shard), 0.5 * fixed(op, shard)
+        # under ZeRO-3 the shard's reduce-scatter runs per micro-batch ("scatter"), not here
+        seconds, fixed_s = (0.0, 0.0) if kind == "grads" and z == 3 else (size * per_byte(op, shard),
+                                                                          fixed(op, shard))
         if kind == "grads" and replicas:
             share = _span_size(shard) if z >= 2 else 1  # the shard the replicas exchange
             seconds += size / share * per_byte("all_reduce", replicas)
@@ -277,7 +286,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         def part(params: float, i: int):
             if kind == "grads":
                 return lambda z, h, sp: sync(kind, params, z, h, sp)[i]
-            return lambda h, sp: sync(kind, params, 3, h, sp)[i]
+            return lambda h, sp: sync(kind, params, 3, h, sp)[i]  # ZeRO-3's own collectives
         cpd = f.decision("cp")
         parts = [f.prod(cpd, f.table((*keys, "span.dp"), part(dense, 0), name + "_dense_bw")),
                  f.table((*keys, "span.dp"), part(dense, 1), name + "_dense_lat")]
@@ -292,12 +301,19 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
                      f.prod(m, coef=144), name="dp_window")
     dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
 
-    # ZeRO-3: the indicator first, so that no product of a huge gather outgrows the solver's range
-    gather = f.prod(f.indicator("zero", lambda z: z == 3, "zero3"), group_time("gather", "z3"))
-    zero3 = f.maximum(f.ratio(gather, layers_per_stage), f.sub(f.prod(m, gather, coef=2), compute), name="zero3")
+    # ZeRO-3, per micro-batch: two gathers and a gradient reduce-scatter, under the compute but the
+    # first layer's gather and the last layer's reduce-scatter. The indicator first, so that no
+    # product of a huge gather outgrows the solver's range
+    z3 = f.indicator("zero", lambda z: z == 3, "zero3")
+    gather = f.prod(z3, group_time("gather", "z3"))
+    scatter = f.prod(z3, group_time("scatter", "z3_rs"))
+    zero3 = f.maximum(f.ratio(f.add(gather, scatter), layers_per_stage),
+                      f.sub(f.prod(m, f.add(f.prod(gather, coef=2), scatter)), compute), name="zero3")
 
-    # optimizer: 2 * state bytes of the rank's (sharded) parameters at HBM bandwidth per rank
-    seconds_per_param = 2 * tr.state_bytes_per_param * c / target.chip.hbm_bandwidth
+    # optimizer: Adam reads and writes the state of the rank's (sharded) parameters once, the
+    # gradient norm reads their gradients and clipping scales them in place (3 gradient passes),
+    # at HBM bandwidth per rank
+    seconds_per_param = (2 * tr.state_bytes_per_param + 3 * tr.grad_bytes) * c / target.chip.hbm_bandwidth
     z0 = f.indicator("zero", lambda z: z == 0, "zero0")
     sharded = f.indicator("zero", lambda z: z >= 1, "zero_ge1")
     optimizer = f.prod(f.decision("cp"), f.add(

@@ -111,3 +111,37 @@ def test_every_nth_layer_recompute_is_the_mean_of_full_and_none():
     # every 4th layer needs 4 to divide the stage's layers: 126 / 2 = 63 does not
     w405 = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=64))
     assert any(key == "recompute" and "every-4" in rule for key, rule in lay("every-4").workload_problems(w405))
+
+
+def test_zero3_reduce_scatters_every_micro_batch_and_the_step_all_reduces_nothing():
+    # FSDP without HSDP: no gradient collective at the step; per micro-batch 2 gathers + 1 reduce-scatter
+    w, t, plain, _ = hsdp_pair()
+    one = step_time(w, plain, t)
+    assert one.dp == 0.0
+    # no compute to hide under: the exposed ZeRO-3 time is m (2 g + r), r = g / 2 (the same bytes, half the hops)
+    e = t.engines
+    bare = dataclasses.replace(t, engines=dataclasses.replace(e, tensor_hz=e.tensor_hz * 1e9, vector_hz=e.vector_hz * 1e9,
+                                                                scalar_hz=e.scalar_hz * 1e9),
+                               chip=dataclasses.replace(t.chip, hbm_bandwidth=t.chip.hbm_bandwidth * 1e9),
+                               efficiency=dataclasses.replace(t.efficiency, microbatch_overhead_s=0.0))
+    slow = dataclasses.replace(t, engines=dataclasses.replace(e, tensor_hz=e.tensor_hz / 1e6))
+    fast, hidden = step_time(w, plain, bare), step_time(w, plain, slow)
+    # under slow compute only one layer's collectives show: ZeRO-1's last all-reduce bucket, ZeRO-3's
+    # first gather and last reduce-scatter (half an all-reduce's bytes and hops)
+    layers = math.ceil(80 / 9)
+    r = step_time(w, dataclasses.replace(plain, zero=1), slow).dp * layers / 2
+    g = hidden.zero3 * layers - r
+    m = plain.micro_batches(w)
+    assert fast.zero3 == pytest.approx(m * (2 * g + r), rel=1e-6)
+    assert r > 0.1 * g
+
+
+def test_the_optimizer_step_reads_the_state_and_clips_the_gradients():
+    w = Workload(load_model("llama3-8b"), Training(seq=8192, global_batch=64))
+    t = load_target("trn2")
+    axes = t.axes(1, 1)
+    lay = Layout(tp=8, pp=1, dp=16, axes=axes, placement=default_placement(axes, {"tp": 8, "dp": 16}), zero=1, lnc=1)
+    params = w.model.total_params() / 128  # ZeRO-1 shards the state over all 128 ranks
+    per_param = 2 * w.training.state_bytes_per_param + 3 * w.training.grad_bytes
+    rank_bandwidth = t.chip.hbm_bandwidth / t.chip.logical_cores(1)
+    assert step_time(w, lay, t).optimizer == pytest.approx(params * per_param / rank_bandwidth, rel=1e-9)
