@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from trnopt.optimizer.model.target import Axis
 
@@ -90,7 +91,8 @@ def axis_bandwidth(axis: Axis, factor: int) -> float:
     return bandwidth
 
 
-def levels(span: Span, ranks_per_chip: int) -> list[Level]:
+@lru_cache(maxsize=65536)  # step time asks it for every message size of every span
+def levels(span: Span, ranks_per_chip: int) -> tuple[Level, ...]:
     """The chip / domain / scale-out levels a group spans, innermost first."""
     out = []
     for level in LEVELS:
@@ -108,7 +110,7 @@ def levels(span: Span, ranks_per_chip: int) -> list[Level]:
         latency = max(a.latency for a, _ in part)
         ring = max((f for a, f in part if a.kind in ("torus", "ring")), default=1)
         out.append(Level(level, n, per_rank, latency, slowest, ring))
-    return out
+    return tuple(out)
 
 
 def _ring_coefficients(op: str, span: Span, ranks_per_chip: int) -> tuple[float, float]:
@@ -167,7 +169,12 @@ class Runtime:
       Neuron"; the page gives no number, 8 is an assumption).
     - ``contention``: collectives and compute share the DMA engines and HBM; a collective
       under compute has its byte time stretched by this factor (>= 1). nccom-test runs
-      without compute, so the fit gives 1.0; calibration on step times fits it.
+      without compute, so the fit gives 1.0. On published step times it cannot be told
+      apart from the links' achievable share (both stretch the byte time of every exposed
+      collective), so calibration fits the share and leaves this at 1.0: trn1's fitted
+      torus share carries it. The TP collectives under their matmuls get it from the
+      simulator instead, whose timeline gives the fused kernels' DMA and HBM to both
+      (the measured overlap table).
     """
 
     launch: float
@@ -226,6 +233,7 @@ def is_neuron(span: Span) -> bool:
     return any(a.collectives == "neuron" for a, _ in span)
 
 
+@lru_cache(maxsize=65536)
 def _mesh_distance(span: Span) -> float:
     """Mean routed hops between two distinct chips of the group: Mesh writes straight to every
     rank and the torus routes it, so each byte loads this many links (1 on a switch).
@@ -393,7 +401,9 @@ def coefficients(op: str, span: Span, ranks_per_chip: int = 1, runtime: Runtime 
     On Neuron axes it is the linear view of the algorithms used for large messages
     (KangaRing or Ring inside a node, Ring across nodes): the ring's bytes times contention,
     and launch + ring_setup (+ internode) + the hops of those algorithms; all-to-all and p2p
-    keep the formulas above plus launch. ``collective_time`` is exact at every size.
+    keep the formulas above plus launch. ``collective_time`` is exact at every size; step
+    time uses it for the per-layer TP and CP collectives, whose messages can be small, and
+    this linear view for the large ones (gradients, ZeRO-3 gathers, EP, pipeline sends).
     """
     if not is_neuron(span):
         per_byte, fixed = _ring_coefficients(op, span, ranks_per_chip)

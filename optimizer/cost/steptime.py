@@ -19,12 +19,17 @@ per byte and lambda its fixed seconds (collectives.coefficients):
 - TP (Megatron with sequence parallelism, Korthikanti et al. 2022 section 4.2.2): per
   layer and micro-batch n(recompute) all-reduces' worth (2 all-gathers + 2
   reduce-scatters forward and as many backward = 4; full recompute adds the forward's
-  2) of the s/cp * b * h * a block:
-      n L_s pp * B s h a tp k / R  +  n L_s * m * lambda,
+  2) of the S = s/cp * b * h * a block, each timed at its size by the algorithm the
+  runtime picks for it (t_AR(S), collectives.collective_time: Mesh, RDH or a ring on
+  Neuron axes):
+      n L_s * m * t_AR(S)  =  n L_s pp * (B tp cp / (R b)) t_AR(S),
   times (1 - hidden), the share the overlap kernels hide on that span (overlap.py).
 - CP (ring attention): per layer and micro-batch the K and V of the whole sequence are
-  gathered forward and their gradients reduce-scattered backward:
-      2 L_s pp * max(kv heads, tp) * B cp s (2 d_head a) k / R  +  2 L_s * m * lambda.
+  gathered forward and their gradients reduce-scattered backward, b s max(kv heads, tp) /
+  tp * 2 d_head a bytes per rank:
+      2 L_s * m * t_AG(that)  =  2 L_s pp * (B tp cp / (R b)) t_AG(that).
+  The other collectives (EP, pipeline sends, DP, ZeRO-3) move large messages and take the
+  linear, large-message form S k + lambda (collectives.coefficients).
 - EP: per MoE layer and micro-batch, dispatch and combine all-to-all forward and
   backward (4; 6 with full recompute) of the rank's tokens x top-k x h:
       n M_s pp * B s top_k h a k / R  +  n M_s * m * lambda   (M_s MoE layers per stage).
@@ -214,29 +219,36 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     parts.append(f.prod(m, coef=target.efficiency.microbatch_overhead_s))
     compute = f.add(*parts, name="compute")
 
-    # TP: n L_s pp * B s h a tp k / R + n L_s m lambda, times (1 - hidden) after overlap
+    @functools.lru_cache(maxsize=None)  # the raw and kept TP tables, and every LNC's model, ask alike
+    def once(op: str, size: float, span) -> float:
+        """One collective of ``size`` bytes per rank, by the algorithm the runtime picks for it."""
+        return cc.collective_time(op, size, span, c, runtime) if span else 0.0
+
+    @functools.lru_cache(maxsize=None)
+    def kept(span) -> float:
+        return 1 - tp_hidden(overlap, span)
+
+    # TP: n L_s pp * (B tp cp / (R b)) t_AR(s/cp b h a), times (1 - hidden) after overlap
     def tp_term(hides: bool, name: str) -> f.Expr:
-        def kept(span):
-            return 1 - tp_hidden(overlap, span) if hides else 1.0
-        return f.add(
-            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)) * pp, "tp_npp"),
-                   f.table("span.tp", lambda sp: kept(sp) * B * s * h * a * _span_size(sp)
-                           * per_byte("all_reduce", sp) / R, name + "_bw")),
-            f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)), "tp_nl"), m,
-                   f.table("span.tp", lambda sp: kept(sp) * fixed("all_reduce", sp), name + "_lat")), name=name)
+        @functools.lru_cache(maxsize=None)  # the search's bounds and tables ask each entry many times
+        def per_stage_layer(span, cp, b):
+            return ((kept(span) if hides else 1.0) * B * _span_size(span) * cp / (R * b)
+                    * once("all_reduce", s / cp * b * h * a, span))
+        return f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)) * pp, "tp_npp"),
+                      f.table(("span.tp", "cp", "micro_batch"), per_stage_layer, name + "_each"), name=name)
 
     tp_raw, tp = tp_term(False, "tp_raw"), tp_term(True, "tp")
 
-    # CP: 2 L_s pp max(kv, tp) B cp s (2 d a) k / R + 2 L_s m lambda; a rank holds max(kv, tp) / tp
-    # K/V heads, and m b / tp = B cp pp / R puts cp in the span's size and pp in the count
+    # CP: 2 L_s pp * (B tp cp / (R b)) t_AG(b s max(kv, tp) / tp * 2 d a): a rank holds max(kv, tp) / tp
+    # K/V heads and gathers them for the whole sequence
     kv_bytes = 2 * mdl.head_dim * a
-    cp = f.add(
-        f.prod(f.count("pp", lambda pp: 2 * layers(pp) * pp, "cp_lpp"),
-               f.count("tp", lambda tp: max(mdl.kv_heads, tp), "kv_heads"),
-               f.table("span.cp", lambda sp: B * s * kv_bytes * _span_size(sp) * per_byte("all_gather", sp) / R,
-                       "cp_bw")),
-        f.prod(f.count("pp", lambda pp: 2 * layers(pp), "cp_l"), m,
-               f.table("span.cp", lambda sp: fixed("all_gather", sp), "cp_lat")), name="cp")
+
+    @functools.lru_cache(maxsize=None)
+    def cp_each(span, tp, b):
+        gathered = b * s * max(mdl.kv_heads, tp) / tp * kv_bytes
+        return B * tp * _span_size(span) / (R * b) * once("all_gather", gathered, span)
+    cp = f.prod(f.count("pp", lambda pp: 2 * layers(pp) * pp, "cp_lpp"),
+                f.table(("span.cp", "tp", "micro_batch"), cp_each, "cp_each"), name="cp")
 
     # EP: n M_s pp B s top_k h a k / R + n M_s m lambda
     top_k = mdl.moe.top_k if mdl.moe else 0

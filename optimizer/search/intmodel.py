@@ -55,6 +55,7 @@ class IntModel:
     def __init__(self):
         self.model = cp_model.CpModel()
         self._count = 0
+        self.indexed: list[tuple[cp_model.IntVar, object]] = []  # (a table's index variable, its key)
 
     def _name(self, base: str) -> str:
         self._count += 1
@@ -72,14 +73,18 @@ class IntModel:
         self.model.add(v.expr == a.expr)
         return v
 
-    def table(self, index: Term, values: list[int], name: str, err: float = 0.0) -> Term:
+    def table(self, index: Term, values: list[int], name: str, err: float = 0.0, key: object = None) -> Term:
         """values[index]; ``err`` 0.5 for entries rounded to whole ticks, 0 for exact integers.
-        Entries saturate at CAP: every table feeds a sum or product that only grows with it."""
+        Entries saturate at CAP: every table feeds a sum or product that only grows with it.
+        ``key`` (what the index enumerates) is kept with the index variable in ``indexed``."""
         values = [min(v, CAP) for v in values]
         if len(set(values)) == 1:
             return const(values[0], err)
         v = self.var(min(values), max(values), name, error=_fixed(err))
-        self.model.add_element(self.materialise(index, name + "_index").expr, values, v.expr)
+        at = self.materialise(index, name + "_index")
+        self.model.add_element(at.expr, values, v.expr)
+        if key is not None and isinstance(at.expr, cp_model.IntVar):
+            self.indexed.append((at.expr, key))
         return v
 
     def mul(self, a: Term, b: Term, name: str, cap: int = CAP) -> Term:

@@ -77,7 +77,8 @@ class Tabulator:
             else:
                 entries.append(int(round(x * coef * scale)))
         exact = factor.exact and float(coef).is_integer()
-        return self.model.table(index, entries, factor.name or "factor", err=0.0 if exact else 0.5)
+        return self.model.table(index, entries, factor.name or "factor", err=0.0 if exact else 0.5,
+                                key=(factor.keys, values))
 
     def _prod(self, expr: f.Prod, scale: float, coef: float) -> Term:
         coef *= expr.coef

@@ -145,3 +145,30 @@ def test_the_optimizer_step_reads_the_state_and_clips_the_gradients():
     per_param = 2 * w.training.state_bytes_per_param + 3 * w.training.grad_bytes
     rank_bandwidth = t.chip.hbm_bandwidth / t.chip.logical_cores(1)
     assert step_time(w, lay, t).optimizer == pytest.approx(params * per_param / rank_bandwidth, rel=1e-9)
+
+
+def test_tp_collectives_are_timed_at_their_size_by_the_runtimes_algorithm():
+    # an 8 MiB TP block (llama3-8b, seq 1024): RDH at that size, cheaper than the large-message line
+    from dataclasses import replace
+
+    from trnopt.optimizer.cost import collectives as cc
+    w = Workload(load_model("llama3-8b"), Training(seq=1024, global_batch=64))
+    t = load_target("trn2")
+    axes = t.axes(2, 1)
+    lay = Layout(tp=4, pp=1, dp=16, axes=axes, placement=default_placement(axes, {"tp": 4, "dp": 16}), zero=1,
+                 recompute="none", lnc=2)
+    share = t.efficiency.collective_fixed_share
+    runtime = replace(cc.NEURON, launch=cc.NEURON.launch * share, ring_setup=cc.NEURON.ring_setup * share)
+    size, span, c = 1024 * 4096 * 2, lay.span("tp"), axes[0].size
+    assert cc.algorithm("all_reduce", size, span, c, runtime) == "rdh"
+    once = cc.collective_time("all_reduce", size, span, c, runtime)
+    per_byte, fixed = cc.coefficients("all_reduce", span, c, runtime)
+    assert once < size * per_byte + fixed
+    count = tp_collectives("none", w.model.layers) * lay.micro_batches(w)
+    assert step_time(w, lay, t).tp == pytest.approx(count * once, rel=1e-9)
+    # the ring attention's K/V gathers too: 2 a layer and micro-batch, the whole sequence of the rank's KV heads
+    lay_cp = Layout(tp=4, cp=2, pp=1, dp=8, axes=axes, placement=default_placement(axes, {"tp": 4, "cp": 2, "dp": 8}),
+                    zero=1, recompute="none", lnc=2)
+    kv = 1024 * max(w.model.kv_heads, 4) / 4 * 2 * w.model.head_dim * 2
+    gather = cc.collective_time("all_gather", kv, lay_cp.span("cp"), c, runtime)
+    assert step_time(w, lay_cp, t).cp == pytest.approx(2 * w.model.layers * lay_cp.micro_batches(w) * gather, rel=1e-9)
