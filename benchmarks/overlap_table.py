@@ -46,14 +46,22 @@ VERSION = 1
 SEQ = 8192
 MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
 KERNELS = ("allgather_matmul", "matmul_reduce_scatter")
-TORUS = [{"core": 2}, {"core": 4}, {"core": 4, "x": 2}, {"core": 4, "x": 4}, {"core": 4, "x": 4, "y": 2},
-         {"core": 4, "x": 4, "y": 4}]
-# target -> (LNC, TP placements, models)
+# TP groups in a Trainium2 chip's cores and torus, at LNC=2 (4 ranks a chip) and LNC=1 (8)
+TORUS = {2: [{"core": 2}, {"core": 4}, {"core": 4, "x": 2}, {"core": 4, "x": 4}, {"core": 4, "x": 4, "y": 2},
+             {"core": 4, "x": 4, "y": 4}],
+         1: [{"core": 2}, {"core": 4}, {"core": 8}, {"core": 8, "x": 2}, {"core": 8, "x": 4},
+             {"core": 8, "x": 4, "y": 2}]}
+BOTH = ("llama3-405b", "llama3-70b")
+# target -> [(LNC, TP placements, models)]
 CONFIGS = {
-    "trn2": (2, TORUS, ("llama3-405b", "llama3-70b")),
-    "trn2u": (2, [{"ring": 4}, {"core": 4, "ring": 4}], ("llama3-405b",)),
-    "trn3-gen1": (2, [{"core": 4, "switch": f} for f in (2, 4, 8, 16)], ("llama3-405b",)),
-    "trn3-gen2": (2, [{"core": 4, "switch": f} for f in (4, 16)], ("llama3-405b",)),
+    "trn2": [(lnc, TORUS[lnc], BOTH) for lnc in (2, 1)],
+    "trn2u": [(lnc, TORUS[lnc], BOTH) for lnc in (2, 1)]
+             + [(2, [{"ring": 4}, {"core": 4, "ring": 4}], ("llama3-405b",)),
+                (1, [{"ring": 4}, {"core": 8, "ring": 4}], ("llama3-405b",))],
+    "trn3-gen1": [(2, [{"core": 4, "switch": f} for f in (2, 4, 8, 16)], ("llama3-405b",)),
+                  (1, [{"core": 8, "switch": f} for f in (2, 4, 8)], ("llama3-405b",))],
+    "trn3-gen2": [(2, [{"core": 4, "switch": f} for f in (4, 16)], ("llama3-405b",)),
+                  (1, [{"core": 8, "switch": f} for f in (2, 8)], ("llama3-405b",))],
 }
 
 
@@ -84,13 +92,13 @@ def shapes(hidden: int, tp: int) -> dict[str, dict[str, int]]:
 def jobs(targets: list[str], max_tp: int) -> list[tuple]:
     out = []
     for name in targets:
-        lnc, places, models = CONFIGS[name]
-        for place in places:
-            if math.prod(place.values()) > max_tp:
-                continue
-            for model in models:
-                for kernel in KERNELS:
-                    out.append((name, lnc, place, model, kernel))
+        for lnc, places, models in CONFIGS[name]:
+            for place in places:
+                if math.prod(place.values()) > max_tp:
+                    continue
+                for model in models:
+                    for kernel in KERNELS:
+                        out.append((name, lnc, place, model, kernel))
     return out
 
 
