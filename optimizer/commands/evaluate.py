@@ -15,7 +15,7 @@ from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, 
                                             check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
                                             workload_from_args, write_rank_map)
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines
+from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines, with_overlap_source
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
@@ -125,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
         key, rule = problems[0]
         raise InputError(source or FLAGS[key], key, rule)
     check_rank_map_size(args, layout.ranks)
-    e = Problem(workload, target, domains, args.headroom).evaluate(layout)
+    problem = Problem(workload, target, domains, args.headroom)
+    e = problem.evaluate(layout)
     if text_to_stdout(args):
-        print("\n".join(evaluation_lines(e, target) + [""] + rank_map_lines(e, target)))
+        print("\n".join(with_overlap_source(evaluation_lines(e, target), e, problem) + [""] + rank_map_lines(e, target)))
     if args.json:
         write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
                                  **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}, args.force)

@@ -55,19 +55,30 @@ def rank_map_lines(e: Evaluation, target: Target) -> list[str]:
             *instance_table(e.layout, target), summary.check_line(e.layout)]
 
 
-def overlap_source_line(e: Evaluation, hidden) -> str:
+def overlap_source_line(e: Evaluation, hidden, target, hidden_size: int) -> str:
     """Where the TP term's hidden fraction came from (the measured table), or '' when none applies."""
     from trnopt.optimizer.cost import collectives as cc
-    from trnopt.optimizer.cost.overlap import TP_KERNELS, OverlapTable, tp_hidden
+    from trnopt.optimizer.cost.overlap import TP_KERNELS, OverlapTable, shape_class, tp_hidden
 
     span = e.layout.span("tp")
     if not span or not e.step.tp_raw or not isinstance(hidden, OverlapTable):
         return ""
     cls = cc.link_class(span)
-    found = ", ".join(f"{k} {hidden.fraction(k, e.layout.tp, cls):.2f} ({hidden.source_of(k, e.layout.tp, cls)})"
-                      for k in TP_KERNELS)
-    return (f"    overlap at TP{e.layout.tp} on {cls} links: {tp_hidden(hidden, span):.2f} hidden, the mean of "
-            f"{found}, from {hidden.source} (simulator timelines)")
+    key = {"target": target.name, "lnc": e.layout.lnc, "shape_class": shape_class(hidden_size)}
+    found = ", ".join(f"{k} {hidden.fraction(k, e.layout.tp, cls, **key):.2f} "
+                      f"({hidden.source_of(k, e.layout.tp, cls, **key)})" for k in TP_KERNELS)
+    return (f"    overlap at TP{e.layout.tp} on {cls} links of {target.name} at LNC={e.layout.lnc}: "
+            f"{tp_hidden(hidden, span, **key):.2f} hidden, the mean of {found}, from {hidden.source} "
+            "(simulator timelines)")
+
+
+def with_overlap_source(lines: list[str], e: Evaluation, p) -> list[str]:
+    """``lines`` (evaluation_lines) with the overlap source line after the TP line, if any."""
+    source = overlap_source_line(e, p.overlap, p.target, p.workload.model.hidden)
+    if not source:
+        return lines
+    at = next((i for i, line in enumerate(lines) if line.startswith("  TP communication raw")), len(lines) - 1)
+    return lines[:at + 1] + [source] + lines[at + 1:]
 
 
 def solve_text(result: SearchResult) -> str:
@@ -80,11 +91,7 @@ def solve_text(result: SearchResult) -> str:
         out.append(result.domains_note)
     out += [f"solver: {status} in {result.seconds:.2f} s over {result.space_size:,} points (CP-SAT; "
             f"the search {result.search_seconds:.2f} s, the robust choice and the alternatives the rest)", ""]
-    out += evaluation_lines(e, p.target)
-    source = overlap_source_line(e, p.overlap)
-    if source:
-        at = next((i for i, line in enumerate(out) if line.startswith("  TP communication raw")), len(out) - 1)
-        out.insert(at + 1, source)
+    out += with_overlap_source(evaluation_lines(e, p.target), e, p)
     out += uncertainty_lines(result)
     out += [""] + rank_map_lines(e, p.target)
     if result.runners_up:
@@ -97,7 +104,7 @@ def solve_text(result: SearchResult) -> str:
     if result.runners_up_cut:
         out.append("  (the runner-up search's deterministic budget ended before every runner-up asked for)")
     if result.alternatives:
-        out += ["", "why the obvious alternatives lost:"]
+        out += ["", "the obvious alternatives, against the chosen one:"]
         for alt in result.alternatives:
             out.append(f"  {alt.name}: {alt.verdict}")
     return "\n".join(out)

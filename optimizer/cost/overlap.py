@@ -24,9 +24,11 @@ all-gather, forward and backward), the first half hidden by ``allgather_matmul``
 second by ``matmul_reduce_scatter``, so its hidden fraction is their mean
 (``tp_fraction``).
 
-The cost model asks ``tp_hidden(table, span, target=<name>, lnc=<int>)`` (``tp_hidden_source``
-says where the value came from); ``tp_hidden(table, span)`` without a target reads every
-target's rows; a plain mapping link class -> fraction gives that mapping's value.
+The cost model asks ``tp_hidden(table, span, target=<name>, lnc=<int>,
+shape_class=hidden<h>)``: the rows of its own target, LNC and model width, so a target
+without measured rows (trn1, the GPUs) hides nothing and the report says so
+(``tp_hidden_source``); ``tp_hidden(table, span)`` without a target reads every target's
+rows; a plain mapping link class -> fraction gives that mapping's value.
 """
 
 from __future__ import annotations
@@ -121,22 +123,28 @@ class OverlapTable:
 
 
 def tp_hidden(hidden: Mapping[str, float] | OverlapTable | None, span, target: str | None = None,
-              lnc: int | None = None) -> float:
+              lnc: int | None = None, shape_class: str | None = None) -> float:
     """Hidden fraction in [0, 1] of the TP term of a group spanning ``span`` (collectives.Span).
 
-    With an OverlapTable: ``tp_fraction(degree, link class, target=, lnc=)`` (0 when the
-    table has no row for ``target``); with a plain mapping: ``hidden.get(link class, 0)``.
+    With an OverlapTable: ``tp_fraction(degree, link class, target=, lnc=, shape_class=)``
+    (0 when the table has no row for ``target``); with a plain mapping: ``hidden.get(link
+    class, 0)``.
     """
     if not hidden or not span:
         return 0.0
     cls = cc.link_class(span)
     if isinstance(hidden, OverlapTable):
-        return hidden.tp_fraction(math.prod(f for _, f in span), cls, target=target, lnc=lnc)
+        return hidden.tp_fraction(math.prod(f for _, f in span), cls, target=target, lnc=lnc, shape_class=shape_class)
     return _clamp(hidden.get(cls, 0.0))
 
 
+def shape_class(hidden_size: int) -> str:
+    """The table's shape class of a model of this hidden size (benchmarks/overlap_table.py)."""
+    return f"hidden{hidden_size}"
+
+
 def tp_hidden_source(hidden: Mapping[str, float] | OverlapTable | None, span, target: str | None = None,
-                     lnc: int | None = None) -> str:
+                     lnc: int | None = None, shape_class: str | None = None) -> str:
     """Where ``tp_hidden`` found its value, for a report: per TP kernel 'measured',
     'nearest TP<d>', 'none (0)', or 'no measured row for target <name> (0)'."""
     if not span:
@@ -147,7 +155,7 @@ def tp_hidden_source(hidden: Mapping[str, float] | OverlapTable | None, span, ta
     if not isinstance(hidden, OverlapTable):
         return f"fixed fraction for {cls} links"
     tp = math.prod(f for _, f in span)
-    srcs = {k: hidden.source_of(k, tp, cls, target=target, lnc=lnc) for k in TP_KERNELS}
+    srcs = {k: hidden.source_of(k, tp, cls, target=target, lnc=lnc, shape_class=shape_class) for k in TP_KERNELS}
     if len(set(srcs.values())) == 1:
         return next(iter(srcs.values()))
     return "; ".join(f"{k} {v}" for k, v in srcs.items())

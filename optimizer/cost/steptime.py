@@ -23,7 +23,8 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   runtime picks for it (t_AR(S), collectives.collective_time: Mesh, RDH or a ring on
   Neuron axes):
       n L_s * m * t_AR(S)  =  n L_s pp * (B tp cp / (R b)) t_AR(S),
-  times (1 - hidden), the share the overlap kernels hide on that span (overlap.py).
+  times (1 - hidden), the share the overlap kernels hide on that span, measured on the
+  target at the layout's LNC and the model's width (overlap.py; unmeasured: 0).
 - CP (ring attention): per layer and micro-batch the K and V of the whole sequence are
   gathered forward and their gradients reduce-scattered backward, b s max(kv heads, tp) /
   tp * 2 d_head a bytes per rank:
@@ -69,7 +70,7 @@ from functools import lru_cache
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.compute import head_seconds, layer_time
-from trnopt.optimizer.cost.overlap import tp_hidden
+from trnopt.optimizer.cost.overlap import shape_class, tp_hidden
 from trnopt.optimizer.model.layout import Layout, full_layers, hsdp_spans, recompute_mix
 from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
@@ -226,7 +227,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
 
     @functools.lru_cache(maxsize=None)
     def kept(span) -> float:
-        return 1 - tp_hidden(overlap, span)
+        return 1 - tp_hidden(overlap, span, target.name, lnc, shape_class(h))
 
     # TP: n L_s pp * (B tp cp / (R b)) t_AR(s/cp b h a), times (1 - hidden) after overlap
     def tp_term(hides: bool, name: str) -> f.Expr:

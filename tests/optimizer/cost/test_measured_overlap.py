@@ -62,3 +62,23 @@ def test_shipped_table_has_provenance_and_keys():
         assert {"target", "lnc", "shape_class"} <= set(r)
         assert r["hidden_fraction"] == pytest.approx(1 - (r["t_f"] - r["t_mm"]) / r["t_cc"])
     assert t.targets() >= {"trn2", "trn2u"}
+
+
+def test_step_time_reads_its_own_targets_rows():
+    # trn1 and the GPUs have no measured row: their TP communication stays whole; trn2u reads trn2u's
+    from trnopt.optimizer.cost.steptime import step_time
+    from trnopt.optimizer.model.layout import Layout, default_placement
+    from trnopt.optimizer.model.workload import Training, Workload, load_model
+    w = Workload(load_model("llama3-8b"), Training(seq=4096, global_batch=64))
+    for name, lnc in (("trn1", 1), ("a100", 1), ("trn2u", 2)):
+        t = load_target(name)
+        axes = t.axes(lnc, 2)
+        dp = t.ranks(lnc, 2) // 8
+        lay = Layout(tp=8, pp=1, dp=dp, axes=axes, placement=default_placement(axes, {"tp": 8, "dp": dp}), zero=1,
+                     lnc=lnc)
+        s = step_time(w, lay, t, measured())
+        if name == "trn2u":
+            want = tp_hidden(measured(), lay.span("tp"), "trn2u", 2, "hidden4096")
+            assert 0 < want and s.tp == pytest.approx(s.tp_raw * (1 - want))
+        else:
+            assert s.tp == s.tp_raw > 0, name
