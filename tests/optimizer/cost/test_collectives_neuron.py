@@ -46,9 +46,9 @@ def test_fit_gives_the_shipped_constants_and_shares():
             share = fit.neuronlink if target != "trn1" else axis.achievable
             assert (axis.collectives, axis.achievable) == ("neuron", pytest.approx(share, abs=5e-4)), target
         assert (t.scale_out.collectives, t.scale_out.achievable) == ("neuron", pytest.approx(fit.efa, abs=5e-4))
-    # NCCL, not the Neuron runtime: the plain ring, at datasheet rates but for the A100's NVLink
-    # (Calculon's published share, 0.65)
-    for target, shares in (("a100", {0.65, 1.0}), ("h100", {1.0})):
+    # NCCL, not the Neuron runtime: the plain ring, at Calculon's published shares (NVLink 0.65,
+    # InfiniBand 0.9)
+    for target, shares in (("a100", {0.65, 0.9}), ("h100", {0.65, 0.9})):
         t = load_target(target)
         assert {a.collectives for a in (*t.domain_axes, t.scale_out)} == {"ring"}
         assert {a.achievable for a in (*t.domain_axes, t.scale_out)} == shares
