@@ -168,7 +168,7 @@ class _Hashable:
 @lru_cache(maxsize=64)
 def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
                 overlap_key: _Hashable) -> dict[str, f.Expr]:
-    # One function of ~155 lines on purpose: every term is a tree over the same local
+    # One function of ~170 lines on purpose: every term is a tree over the same local
     # quantities (R, c, B, s, h, a, m, the runtime), and read in order it is the module
     # docstring's list; split, each piece would take those eight names as arguments.
     overlap = overlap_key.value

@@ -1,14 +1,16 @@
 """The CP-SAT model of one Space: placement, degrees and memory plan, exact on the cost model.
 
-Over ~450 lines: the model's variables, its rules and the readers and writers of its
+Over ~500 lines: the model's variables, its rules and the readers and writers of its
 literals (layout, hint, fix, restricted, canonical) share the literal families' layout;
 split, each part would reach into the others' internals.
 
 Formulation, and why: one variable family per decision, and the cost model's own trees
 (cost/steptime.py ``step_terms``, cost/memory.py ``memory_terms``), whose factors each
 depend on one decision, tabulated over that decision's values and multiplied as integers
-(search/tabulate.py). The model therefore grows with the sum of the choices (the largest
-table is one dimension's placement row, a few hundred entries) and never with their
+(search/tabulate.py). The model therefore grows with the sum of the choices (most tables
+are one dimension's placement row, a few hundred entries; the TP and CP collectives', timed
+at their message size, are a row by CP degree by micro-batch size, up to some tens of
+thousands, which a branch's restricted copy narrows at once) and never with their
 product, and no formula of the cost model is restated here. A log-domain linearisation
 would make the objective linear but only approximately (it needs exp), and then CP-SAT's
 optimum could differ from brute force's; integer products keep it exact.
