@@ -438,21 +438,40 @@ class LayoutModel(IntModel):
             fixed["dp"] = degrees["ep"] * degrees["edp"]
         for key, row in (rows or {}).items():
             fixed[key] = tuple((a, n) for a, n in zip(self.space.axes, row) if n > 1)
-        for var, codes in self._table_codes():
-            # each table's index to the entries of the fixed decisions: the same rule as the
-            # literals above, stated where presolve reads it at once (a large table cost
-            # presolve a third of a second per branch before)
-            keep = None
-            for key, (code, values) in codes.items():
-                if key in fixed:
-                    hit = code == values.get(fixed[key], -1)
-                    keep = hit if keep is None else keep & hit
-            if keep is not None and not keep.all():
-                copy.add_linear_expression_in_domain(var, cp_model.Domain.from_values(np.flatnonzero(keep).tolist()))
+        self._narrow(copy, {key: (lambda v, want=want: v == want) for key, want in fixed.items()})
         if objective_cap_s < math.inf:
             # only layouts that could enter the best found so far
             copy.add(self.objective.expr <= math.floor(objective_cap_s / self.objective_unit) + 1)
         return copy
+
+    def narrow_degrees(self, tuples: Collection[dict[str, int]]) -> None:
+        """Keep only layouts whose degrees are, family by family, among those of ``tuples``
+        (the branches that can hold an answer): their literals, and every table's index."""
+        allowed = {d: {t[d] for t in tuples} for d in ("tp", "cp", "ep", "pp", "edp")}
+        allowed["dp"] = {t["ep"] * t["edp"] for t in tuples}
+        for d in self.active:
+            for v, lit in zip(self.degree_values[d], self.deg[d]):
+                if v not in allowed[d]:
+                    self.model.add(lit == 0)  # a degree no candidate has
+        ok = {key: (lambda v, s=allowed[key]: v in s) for key in allowed}
+        for key in self.spans:
+            family = key.split(".", 1)[1]
+            ok[key] = lambda v, s=allowed[family]: math.prod(n for _, n in v) in s
+        self._narrow(self.model, ok)
+
+    def _narrow(self, model: cp_model.CpModel, ok: dict) -> None:
+        """Each table's index to the entries whose decisions pass ``ok`` (decision -> test of a
+        value): the rules the literals already state, where presolve reads them at once (a
+        large table cost presolve a third of a second per branch before)."""
+        for var, codes in self._table_codes():
+            keep = None
+            for key, (code, values) in codes.items():
+                if key in ok:
+                    good = np.array([ok[key](v) for v in values])  # by code, in first-seen order
+                    hit = good[code]
+                    keep = hit if keep is None else keep & hit
+            if keep is not None and not keep.all():
+                model.add_linear_expression_in_domain(var, cp_model.Domain.from_values(np.flatnonzero(keep).tolist()))
 
     def _table_codes(self) -> list:
         """Per table index variable: decision -> (each entry's value as a code, value -> code)."""

@@ -26,7 +26,7 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import GIB
-from trnopt.optimizer.search.branch import SpaceBounds, search
+from trnopt.optimizer.search.branch import SLACK, SpaceBounds, search
 from trnopt.optimizer.search.cpsat import LayoutModel, SolverMismatch, check_agreement
 from trnopt.optimizer.search.solver import STATUS, solver_for
 from trnopt.optimizer.search.hint import greedy_layout
@@ -283,7 +283,18 @@ def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, see
     fastest itself when nothing else qualifies or the budget ends first."""
     space = Space(replace(problem, objective="step-time"), fastest.layout.lnc)
     lm = LayoutModel(space)
-    lm.prefer_robust(fastest.step.total * (1 + uncertainty))
+    cap = fastest.step.total * (1 + uncertainty)
+    # only the degree tuples whose floor (search/branch.py) lets them come within the cap:
+    # the whole model's presolve, on tables of every tuple, took most of the command's time
+    bounds = SpaceBounds(lm)
+    candidates = []
+    for branch in bounds.branches():
+        if branch.floor <= cap * (1 + SLACK):
+            bounds.refine(branch, cap * (1 + SLACK))
+            if branch.plans:
+                candidates.append(branch.degrees)
+    lm.narrow_degrees(candidates)
+    lm.prefer_robust(cap)
     lm.hint(fastest.layout)
     solver = solver_for(time_limit, 1, seed, deterministic_limit=RUNNER_UP_DETERMINISTIC_S)
     if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
