@@ -438,7 +438,7 @@ class LayoutModel(IntModel):
             fixed["dp"] = degrees["ep"] * degrees["edp"]
         for key, row in (rows or {}).items():
             fixed[key] = tuple((a, n) for a, n in zip(self.space.axes, row) if n > 1)
-        self._narrow(copy, {key: (lambda v, want=want: v == want) for key, want in fixed.items()})
+        self._narrow(copy, fixed=fixed)
         if objective_cap_s < math.inf:
             # only layouts that could enter the best found so far
             copy.add(self.objective.expr <= math.floor(objective_cap_s / self.objective_unit) + 1)
@@ -457,19 +457,25 @@ class LayoutModel(IntModel):
         for key in self.spans:
             family = key.split(".", 1)[1]
             ok[key] = lambda v, s=allowed[family]: math.prod(n for _, n in v) in s
-        self._narrow(self.model, ok)
+        self._narrow(self.model, tests=ok)
 
-    def _narrow(self, model: cp_model.CpModel, ok: dict) -> None:
-        """Each table's index to the entries whose decisions pass ``ok`` (decision -> test of a
-        value): the rules the literals already state, where presolve reads them at once (a
-        large table cost presolve a third of a second per branch before)."""
+    def _narrow(self, model: cp_model.CpModel, fixed: dict | None = None, tests: dict | None = None) -> None:
+        """Each table's index to the entries whose decisions take their ``fixed`` value (decision
+        -> value) or pass their ``tests`` (decision -> test of a value): the rules the literals
+        already state, where presolve reads them at once (a large table cost presolve a third
+        of a second per branch before)."""
+        fixed, tests = fixed or {}, tests or {}
         for var, codes in self._table_codes():
             keep = None
             for key, (code, values) in codes.items():
-                if key in ok:
-                    good = np.array([ok[key](v) for v in values])  # by code, in first-seen order
+                if key in fixed:
+                    hit = code == values.get(fixed[key], -1)
+                elif key in tests:
+                    good = np.array([tests[key](v) for v in values])  # by code, in first-seen order
                     hit = good[code]
-                    keep = hit if keep is None else keep & hit
+                else:
+                    continue
+                keep = hit if keep is None else keep & hit
             if keep is not None and not keep.all():
                 model.add_linear_expression_in_domain(var, cp_model.Domain.from_values(np.flatnonzero(keep).tolist()))
 
