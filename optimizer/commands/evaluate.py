@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     problem = Problem(workload, target, domains, args.headroom)
     e = problem.evaluate(layout)
     if text_to_stdout(args):
-        print("\n".join(with_overlap_source(evaluation_lines(e, target), e, problem) + [""] + rank_map_lines(e, target)))
+        lines = with_overlap_source(evaluation_lines(e, target), e, problem)
+        print("\n".join(lines + [""] + rank_map_lines(e, target)))
     if args.json:
         write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
                                  **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}, args.force)

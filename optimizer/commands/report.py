@@ -11,7 +11,7 @@ from trnopt.optimizer.model.target import GIB, Target
 
 STEP_TERMS = (("compute", "compute"), ("tp", "TP communication (exposed)"), ("cp", "CP communication"),
               ("ep", "EP all-to-all"), ("pp_send", "pipeline sends"), ("pp_bubble", "pipeline bubble"),
-              ("dp", "DP gradients (exposed)"), ("zero3", "ZeRO-3 gathers (exposed)"),
+              ("dp", "DP gradients (exposed)"), ("zero3", "ZeRO-3 gathers and scatters (exposed)"),
               ("optimizer", "optimizer step"))
 
 

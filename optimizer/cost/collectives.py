@@ -403,7 +403,8 @@ def coefficients(op: str, span: Span, ranks_per_chip: int = 1, runtime: Runtime 
     and launch + ring_setup (+ internode) + the hops of those algorithms; all-to-all and p2p
     keep the formulas above plus launch. ``collective_time`` is exact at every size; step
     time uses it for the per-layer TP and CP collectives, whose messages can be small, and
-    this linear view for the large ones (gradients, ZeRO-3 gathers, EP, pipeline sends).
+    this linear view for the large ones (gradients, ZeRO-3 gathers and reduce-scatters, EP,
+    pipeline sends).
     """
     if not is_neuron(span):
         per_byte, fixed = _ring_coefficients(op, span, ranks_per_chip)

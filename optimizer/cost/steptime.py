@@ -1,6 +1,6 @@
 """Step time of one training step, term by term, each written once as a tree of factors.
 
-step = W + bubble + exposed DP + exposed ZeRO-3 gathers + optimizer, where
+step = W + bubble + exposed DP + exposed ZeRO-3 gathers and reduce-scatters + optimizer, where
 W = compute + exposed TP + CP + EP + pipeline sends is the work of one pipeline stage
 over the m micro-batches of a step (m = B / (dp * b) for global batch B, micro-batch b).
 

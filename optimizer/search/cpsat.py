@@ -477,7 +477,8 @@ class LayoutModel(IntModel):
                     continue
                 keep = hit if keep is None else keep & hit
             if keep is not None and not keep.all():
-                model.add_linear_expression_in_domain(var, cp_model.Domain.from_values(np.flatnonzero(keep).tolist()))
+                allowed = cp_model.Domain.from_values(np.flatnonzero(keep).tolist())
+                model.add_linear_expression_in_domain(var, allowed)
 
     def _table_codes(self) -> list:
         """Per table index variable: decision -> (each entry's value as a code, value -> code)."""
