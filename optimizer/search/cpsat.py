@@ -433,9 +433,7 @@ class LayoutModel(IntModel):
                 if (rc, zero) not in plans:
                     # a plan the branch dropped
                     copy.add_bool_or([rc_lit.Not(), zero_lit.Not()])
-        fixed = {d: degrees[d] for d in ("tp", "cp", "ep", "pp", "edp") if d in degrees}
-        if "ep" in degrees and "edp" in degrees:
-            fixed["dp"] = degrees["ep"] * degrees["edp"]
+        fixed = {key: values.pop() for key, values in _degree_sets([degrees]).items()}
         for key, row in (rows or {}).items():
             fixed[key] = tuple((a, n) for a, n in zip(self.space.axes, row) if n > 1)
         self._narrow(copy, fixed=fixed)
@@ -447,8 +445,7 @@ class LayoutModel(IntModel):
     def narrow_degrees(self, tuples: Collection[dict[str, int]]) -> None:
         """Keep only layouts whose degrees are, family by family, among those of ``tuples``
         (the branches that can hold an answer): their literals, and every table's index."""
-        allowed = {d: {t[d] for t in tuples} for d in ("tp", "cp", "ep", "pp", "edp")}
-        allowed["dp"] = {t["ep"] * t["edp"] for t in tuples}
+        allowed = _degree_sets(tuples)
         for d in self.active:
             for v, lit in zip(self.degree_values[d], self.deg[d]):
                 if v not in allowed[d]:
@@ -533,3 +530,10 @@ def check_agreement(lm: LayoutModel, solver: cp_model.CpSolver, e: Evaluation):
     if abs(expected - solver.objective_value) > tolerance:
         raise SolverMismatch(f"CP-SAT objective {solver.objective_value:.0f} ticks vs cost model {expected:.0f} "
                              f"for {e.layout.describe()} [{e.layout.placement_text()}]")
+
+
+def _degree_sets(tuples: Collection[dict[str, int]]) -> dict[str, set[int]]:
+    """Each degree decision's values over branch degree tuples (tp, cp, ep, edp, pp), dp = ep * edp."""
+    out = {d: {t[d] for t in tuples} for d in ("tp", "cp", "ep", "edp", "pp")}
+    out["dp"] = {t["ep"] * t["edp"] for t in tuples}
+    return out
