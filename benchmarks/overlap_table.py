@@ -39,6 +39,7 @@ import numpy as np
 
 from trnopt.kernels.overlap import BF16, measure
 from trnopt.kernels.plan import group_plan, local_ring
+from trnopt.optimizer.cost.overlap import shape_class
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.model.target import load_target
 
@@ -112,7 +113,7 @@ def run_job(job: tuple) -> dict:
     r = measure(kernel, shape, ring=ring, channels=g.channels, link=g.link, dtype=BF16,
                 sbuf_bytes=target.chip.sbuf_bytes_per_partition, timeout_s=3600)
     return {"target": name, "kernel": kernel, "tp": layout.tp, "link_class": g.link_class, "lnc": lnc,
-            "shape_class": f"hidden{MODELS[model]}", "model": model, "programs": 1, "channels": g.channels,
+            "shape_class": shape_class(MODELS[model]), "model": model, "programs": 1, "channels": g.channels,
             "placement": g.span, "link_gbs": round(g.link_gbs, 3), "latency_us": g.latency_us, "one_hop": g.one_hop,
             "shape": shape, "t_mm": r.t_mm, "t_cc": r.t_cc, "t_f": r.t_f, "hidden_fraction": r.hidden_fraction,
             "speedup": r.speedup, "sim_seconds": round(time.perf_counter() - t0, 1)}
