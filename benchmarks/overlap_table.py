@@ -16,8 +16,9 @@ offsets, which a symmetric run cannot check).
 
 Shapes (shape class ``hidden<h>``): Llama 3 405B (hidden 16384) and 70B (8192), one
 micro-batch of 8192 tokens, the narrowest TP projection (h x h/tp; see plan.full_shapes).
-LNC: the layout's logical core; the simulator runs one program per rank (one physical
-core's engines), recorded as ``programs`` in each row. The file records its provenance
+LNC: the layout's logical core; the simulator runs that many programs per rank (at LNC 2
+the two physical cores split every kernel's work and share the rank's links), recorded as
+``programs`` in each row. The file records its provenance
 (commit, command, date, simulator commit).
 """
 
@@ -110,10 +111,10 @@ def run_job(job: tuple) -> dict:
     ring = local_ring(g.first_group)
     shape = shapes(MODELS[model], layout.tp)[kernel]
     t0 = time.perf_counter()
-    r = measure(kernel, shape, ring=ring, channels=g.channels, link=g.link, dtype=BF16,
+    r = measure(kernel, shape, ring=ring, channels=g.channels, link=g.link, dtype=BF16, lnc=lnc,
                 sbuf_bytes=target.chip.sbuf_bytes_per_partition, timeout_s=3600)
     return {"target": name, "kernel": kernel, "tp": layout.tp, "link_class": g.link_class, "lnc": lnc,
-            "shape_class": shape_class(MODELS[model]), "model": model, "programs": 1, "channels": g.channels,
+            "shape_class": shape_class(MODELS[model]), "model": model, "programs": lnc, "channels": g.channels,
             "placement": g.span, "link_gbs": round(g.link_gbs, 3), "latency_us": g.latency_us, "one_hop": g.one_hop,
             "shape": shape, "t_mm": r.t_mm, "t_cc": r.t_cc, "t_f": r.t_f, "hidden_fraction": r.hidden_fraction,
             "speedup": r.speedup, "sim_seconds": round(time.perf_counter() - t0, 1)}

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
-from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, ring_setup
-from trnopt.kernels.tiling import (PMAX, SBUF_SHARE, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
-                                   matmul_operands, unit_pieces)
+from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, program_share, ring_setup
+from trnopt.kernels.tiling import (PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline,
+                                   RowBlock, choose_tiling, loads_outlast_matmul, matmul_operands, unit_pieces)
 
 
 @nki.jit
@@ -61,26 +61,42 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
     inputs).
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2) and
-    M_shard >= channels; pieces >= 1; rank-lists of equal size; one program per rank (LNC 1).
+    M_shard >= channels x programs; pieces >= 1; rank-lists of equal size; LNC 1 or 2 (at LNC 2
+    each physical core takes half of every shard's rows, `ring.program_share`).
     """
     k, ms, n = matmul_operands(x_t, w)
     rg, tp, pos = ring_setup(groups, channels, "allgather_matmul")
-    halves = channel_halves(ms, channels, "allgather_matmul")
+    base, mine = program_share(ms, "allgather_matmul")
+    halves = [(base + off, h) for off, h in channel_halves(mine, channels, "allgather_matmul")]
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     y = nl.ndarray((tp * ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
-    tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
+    # W streams through SBUF once per call and row group. At LNC 2 each core has half the
+    # rows of a shard, so where a call of one shard is bound by its loads and the ring's
+    # transfers, a call multiplies two steps' shards (the rows of one LNC 1 step), within
+    # one PSUM row group. (More shards per call at LNC 1 measured slower: the larger
+    # calls' ring buffers leave SBUF for fewer of them.)
+    per_call = 1
+    while per_call < nl.num_programs() and (per_call + 1) * mine <= STATIONARY_FMAX * PSUM_BANKS:
+        rows = per_call * mine
+        t = choose_tiling(rows, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
+        if not loads_outlast_matmul(rows, k, n, x_t.dtype.itemsize, t, rows * k * x_t.dtype.itemsize):
+            break
+        per_call += 1
+    calls = ring_calls(tp, per_call)
+    tiling = choose_tiling(per_call * mine, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="ag")
-    # On-chip ring buffers: three when they fit (a transfer then waits only for the matmul
-    # two steps back), else two, else the ring goes through HBM.
-    shard = len(pipe.k_tiles) * ms * x_t.dtype.itemsize
+    # On-chip ring buffers of per_call shards each: three when they fit (a transfer then
+    # waits only for the matmul two calls back), else two, else the ring goes through HBM.
+    shard = len(pipe.k_tiles) * mine * x_t.dtype.itemsize  # this program's rows of a shard
     room = sbuf_bytes * SBUF_SHARE - tiling.sbuf_bytes(k, n, x_t.dtype.itemsize, w.dtype.itemsize)
-    n_bufs = max((b for b in (3, 2) if b * shard <= room), default=0) if tp > 1 and k % PMAX == 0 else 0
+    n_bufs = max((b for b in (3, 2) if b * per_call * shard <= room), default=0) \
+        if tp > 1 and k % PMAX == 0 else 0
     if n_bufs:
-        _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs)
+        _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs, calls)
     else:
         slab = halves[0][1] * x_t.dtype.itemsize * PMAX  # bytes of one 128-row tile of a half-shard
         parts = pieces if pieces is not None else -(-len(pipe.k_tiles) * slab // SLAB_BYTES)
-        _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, unit_pieces(k, PMAX, parts))
+        _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, unit_pieces(k, PMAX, parts), calls)
     return y
 
 
@@ -89,38 +105,64 @@ def _blocks(y, tp, pos, s, halves, ms, n, chunk):
             for row in [position_after(pos, s, tp, c) * ms + off]]
 
 
-def _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs):
+def ring_calls(tp: int, per_call: int) -> list[range]:
+    """The ring steps each pipeline call multiplies: one step per call, or the first step
+    alone and then ``per_call`` at a time ([0], [1, 2], [3, 4], ... for 2), so the first
+    call starts on the rank's own shard and every later call's shards arrive during the
+    call before it."""
+    if per_call == 1:
+        return [range(s, s + 1) for s in range(tp)]
+    return [range(0, 1)] + [range(s, min(tp, s + per_call)) for s in range(1, tp, per_call)]
+
+
+def _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs, calls):
     """The ring on chip: shards move SBUF to SBUF in the matmul's K layout and the matmul
-    reads them in place (no reload from HBM), both channel halves side by side in one
-    [128, K tiles, M_shard] tile. Step s's transfer is issued before step s's matmul: it
-    only waits for the successor to finish reading its buffer."""
+    reads them in place (no reload from HBM), both channel halves side by side; one
+    buffer per call ([128, K tiles, the call's shards x this program's rows]), ``n_bufs``
+    of them in turn. The transfers that deliver the next call's shards are issued before
+    a call's matmul: each waits only for its data and for the successor to finish
+    reading its buffer."""
     k, ms = x_t.shape
     n = w.shape[1]
     chans = list(range(len(halves)))
     kt = len(pipe.k_tiles)
-    bufs = [nl.ndarray((PMAX, kt, ms), dtype=x_t.dtype, buffer=nl.sbuf, name=f"ring_sb{i}") for i in range(n_bufs)]
-    for dst, src in pipe.k_major_copies(bufs[0], x_t):
+    base = halves[0][0]  # the program's rows are columns base.. of the shard, 0.. of its slots
+    mine = sum(h for _, h in halves)
+    width = max(len(c) for c in calls) * mine
+    bufs = [nl.ndarray((PMAX, kt, width), dtype=x_t.dtype, buffer=nl.sbuf, name=f"ring_sb{i}")
+            for i in range(n_bufs)]
+    where = {s: (i, j) for i, steps in enumerate(calls) for j, s in enumerate(steps)}
+
+    def at(s, off, h):
+        i, j = where[s]
+        c0 = j * mine + off - base
+        return bufs[i % n_bufs][0:PMAX, 0:kt, c0:c0 + h]
+
+    for dst, src in pipe.k_major_copies(bufs[0][0:PMAX, 0:kt, 0:mine], x_t[0:k, base:base + mine]):
         nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")
-    for s in range(tp):
-        if s < tp - 1:
+    for i, steps in enumerate(calls):
+        for s in (calls[i + 1] if i + 1 < len(calls) else ()):  # deliver the next call's shards
             ncc.collective_permute_implicit(
-                srcs_by_channel=[[bufs[s % n_bufs][0:PMAX, 0:kt, off:off + h]] for off, h in halves],
-                dsts_by_channel=[[bufs[(s + 1) % n_bufs][0:PMAX, 0:kt, off:off + h]] for off, h in halves],
-                replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
-        pipe(_blocks(y, tp, pos, s, halves, ms, n, lambda c, off, h: None), w, x_sbuf=bufs[s % n_bufs],
-             flush=s == tp - 1)
+                srcs_by_channel=[[at(s - 1, off, h)] for off, h in halves],
+                dsts_by_channel=[[at(s, off, h)] for off, h in halves],
+                replica_group=rg, channel_ids=chans, name=f"ag_step{s - 1}")
+        blocks = [b for s in steps for b in _blocks(y, tp, pos, s, halves, ms, n, lambda c, off, h: None)]
+        pipe(blocks, w, x_sbuf=bufs[i % n_bufs][0:PMAX, 0:kt, 0:len(steps) * mine], flush=i == len(calls) - 1)
 
 
-def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs):
-    """The ring through HBM buffers (shards too large for SBUF), slab by slab: the slabs of
-    step s's chunk go on to the successor during step s's matmul, interleaved with its
-    loads (side actions spread over the whole step), so each slab's share of the DMA
-    bandwidth is small and arrives in K order for the next step. Step 0 copies its slab of x_t into the ring buffer
-    first (collectives never touch kernel inputs)."""
+def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs, calls):
+    """The ring through HBM buffers (shards too large for SBUF), slab by slab: while a call
+    multiplies its shards, the slabs that deliver the next call's shards go on to the
+    successor, interleaved with its loads (side actions spread over the whole call), so
+    each slab's share of the DMA bandwidth is small and arrives in K order for the next
+    call. Buffers per channel: the shards of two calls (the one running and the next,
+    arriving). Step 0 copies its slab of x_t into the ring buffer first (collectives
+    never touch kernel inputs)."""
     k, ms = x_t.shape
     n = w.shape[1]
     chans = list(range(len(halves)))
-    bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
+    nb = 2 * max(len(c) for c in calls)
+    bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(nb)]
             for c, (_, h) in enumerate(halves)]
 
     def send(s, k0, kl):
@@ -128,16 +170,18 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs):
             for c, (off, h) in enumerate(halves):
                 nisa.dma_copy(dst=bufs[c][0][k0:k0 + kl, 0:h], src=x_t[k0:k0 + kl, off:off + h], name="ag_seed")
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[bufs[c][s % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
-            dsts_by_channel=[[bufs[c][(s + 1) % 2][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+            srcs_by_channel=[[bufs[c][s % nb][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+            dsts_by_channel=[[bufs[c][(s + 1) % nb][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
             replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
 
-    for s in range(tp):
-        chunk = (lambda c, off, h: x_t[0:k, off:off + h]) if s == 0 else (lambda c, off, h, s=s: bufs[c][s % 2])
-        sends = [lambda s=s, k0=k0, kl=kl: send(s, k0, kl) for k0, kl in slabs] if s < tp - 1 else []
-        half = (len(sends) + 1) // 2  # spread over the whole step: slab j is needed at block j of the next
-        pipe(_blocks(y, tp, pos, s, halves, ms, n, chunk), w, side=sends[:half], late=sends[half:],
-             flush=s == tp - 1)
+    for i, steps in enumerate(calls):
+        blocks = [b for s in steps for b in _blocks(
+            y, tp, pos, s, halves, ms, n,
+            (lambda c, off, h: x_t[0:k, off:off + h]) if s == 0 else (lambda c, off, h, s=s: bufs[c][s % nb]))]
+        todo = [lambda s=s, k0=k0, kl=kl: send(s - 1, k0, kl)
+                for s in (calls[i + 1] if i + 1 < len(calls) else ()) for k0, kl in slabs]
+        half = (len(todo) + 1) // 2  # spread over the whole call: slab j is needed at block j of the next
+        pipe(blocks, w, side=todo[:half], late=todo[half:], flush=i == len(calls) - 1)
 
 
 @nki.jit
@@ -158,7 +202,8 @@ def allgather_ring(x_t, groups, channels=1):
     assert len(x_t.shape) == 2, f"x_t must be 2-D, got {tuple(x_t.shape)}"
     k, ms = x_t.shape
     rg, tp, pos = ring_setup(groups, channels, "allgather_ring")
-    halves = channel_halves(ms, channels, "allgather_ring")
+    base, mine = program_share(ms, "allgather_ring")
+    halves = [(base + off, h) for off, h in channel_halves(mine, channels, "allgather_ring")]
     g_out = nl.ndarray((k, tp * ms), dtype=x_t.dtype, buffer=nl.shared_hbm, name="gathered")
     chans = list(range(channels))
     bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]

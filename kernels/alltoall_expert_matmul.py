@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import alltoall_expert_matmul_reference, alltoall_reference  # noqa: F401
-from trnopt.kernels.ring import SLAB_BYTES, one_program, replica_group
+from trnopt.kernels.ring import SLAB_BYTES, program_share, replica_group
 from trnopt.kernels.routing import pack_dispatch, unpack_combine  # noqa: F401
 from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline, RowBlock,
                                    choose_tiling, unit_pieces)
@@ -36,7 +36,6 @@ def _check_shapes(x_disp, w, groups) -> tuple:
     assert x_disp.dtype == w.dtype, f"x_disp dtype {x_disp.dtype} != w dtype {w.dtype}"
     sizes = {len(g) for g in groups}
     assert sizes == {ep}, f"every rank-list must hold ep={ep} ranks, got sizes {[len(g) for g in groups]}"
-    one_program("alltoall_expert_matmul")
     return s, ep, el, h, c, f
 
 
@@ -90,15 +89,17 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     bandwidth for long.
 
     Preconditions: shapes as above with matching E_local, H and dtype; every rank-list of
-    size ep; LNC 1.
+    size ep; LNC 1 or 2 (at LNC 2 each physical core takes half of every block's C slots,
+    dispatching, multiplying and combining them on its own: `ring.program_share`).
     """
     # ~110 lines with the docstring, ~70 of schedule: one pipeline whose dispatch, matmul and
     # combine interleave step by step; split, each piece would take the whole state as arguments
-    s_n, ep, el, h, c, f = _check_shapes(x_disp, w, groups)
+    s_n, ep, el, h, c_all, f = _check_shapes(x_disp, w, groups)
+    c0, c = program_share(c_all, "alltoall_expert_matmul")  # this physical core's slots c0..c0+c
     assert channels == 1, f"alltoall_expert_matmul: channels must be 1 (one ncc.all_to_all path), got {channels}"
     rg, _ = replica_group(groups, channels, "alltoall_expert_matmul")
     dt = w.dtype
-    y = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.shared_hbm, name="y")
+    y = nl.ndarray((s_n, ep, el, c_all, f), dtype=dt, buffer=nl.shared_hbm, name="y")
     recv = nl.ndarray((s_n, ep, el, h, c), dtype=dt, buffer=nl.private_hbm, name="a2a_recv")
     res = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_res")
     back = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.private_hbm, name="a2a_back")
@@ -130,14 +131,14 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     def dispatch(s: int, k0: int, kl: int) -> None:
         # x_disp is an HBM input: all_to_all may read it in place (its page asks only for
         # HBM tensors, all srcs alike); only kernel outputs stay out of collectives
-        ncc.all_to_all(srcs=[x_disp[s][0:ep, 0:el, k0:k0 + kl, 0:c]], dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]],
+        ncc.all_to_all(srcs=[x_disp[s][0:ep, 0:el, k0:k0 + kl, c0:c0 + c]], dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]],
                        replica_group=rg, collective_dim=0, name=f"dispatch{s}")
 
     def combine(s: int, e: int, n0: int, nc: int) -> None:
         ncc.all_to_all(srcs=[res[s][0:ep, e:e + 1, 0:c, n0:n0 + nc]], dsts=[back[s][0:ep, e:e + 1, 0:c, n0:n0 + nc]],
                        replica_group=rg, collective_dim=0, name=f"combine{s}")
         for j in range(ep):
-            pipe.defer(lambda j=j: nisa.dma_copy(dst=y[s, j, e][0:c, n0:n0 + nc], src=back[s, j, e][0:c, n0:n0 + nc],
+            pipe.defer(lambda j=j: nisa.dma_copy(dst=y[s, j, e][c0:c0 + c, n0:n0 + nc], src=back[s, j, e][0:c, n0:n0 + nc],
                                                  name="a2a_out"))
 
     def combiner(s: int, e: int):
@@ -190,17 +191,21 @@ def expert_alltoall(x_disp, y_local, groups, channels=1):
     assert tuple(y_local.shape[:3]) == tuple(x_disp.shape[:3]), (
         f"y_local {tuple(y_local.shape)} and x_disp {tuple(x_disp.shape)} disagree on [S, ep, E_local]")
     assert {len(g) for g in groups} == {ep}, f"every rank-list must hold ep={ep} ranks"
-    one_program("expert_alltoall")
     rg, _ = replica_group(groups, channels, "expert_alltoall")
+    c0, c = program_share(x_disp.shape[4], "expert_alltoall")  # as the fused kernel splits the slots
     outs = []
-    for src, tag in ((x_disp, "x"), (y_local, "y")):
-        send = nl.ndarray(tuple(src.shape), dtype=src.dtype, buffer=nl.private_hbm, name=f"send_{tag}")
-        recv = nl.ndarray(tuple(src.shape), dtype=src.dtype, buffer=nl.private_hbm, name=f"recv_{tag}")
+    for src, tag, axis in ((x_disp, "x", 4), (y_local, "y", 3)):
+        shape = tuple(c if i == axis else d for i, d in enumerate(src.shape))
+        send = nl.ndarray(shape[1:], dtype=src.dtype, buffer=nl.private_hbm, name=f"send_{tag}")
+        recv = nl.ndarray(shape[1:], dtype=src.dtype, buffer=nl.private_hbm, name=f"recv_{tag}")
         out = nl.ndarray(tuple(src.shape), dtype=src.dtype, buffer=nl.shared_hbm, name=f"out_{tag}")
+
+        def mine(t, s, axis=axis):
+            return t[s, 0:ep, 0:t.shape[2], :, c0:c0 + c] if axis == 4 else t[s, 0:ep, 0:t.shape[2], c0:c0 + c, :]
         for s in range(s_n):
-            nisa.dma_copy(dst=send[s], src=src[s], name=f"stage_{tag}")
-            ncc.all_to_all(srcs=[send[s]], dsts=[recv[s]], replica_group=rg, collective_dim=0, name=f"a2a_{tag}{s}")
-            nisa.dma_copy(dst=out[s], src=recv[s], name=f"out_{tag}")
+            nisa.dma_copy(dst=send, src=mine(src, s), name=f"stage_{tag}")
+            ncc.all_to_all(srcs=[send], dsts=[recv], replica_group=rg, collective_dim=0, name=f"a2a_{tag}{s}")
+            nisa.dma_copy(dst=mine(out, s), src=recv, name=f"out_{tag}")
         outs.append(out)
     return outs[0], outs[1]
 
@@ -226,12 +231,14 @@ def grouped_expert_matmul(x_grouped, w, sbuf_bytes=SBUF_TRN2):
     f = w.shape[2]
     dt = w.dtype
     y = nl.ndarray((s_n, ep, el, c, f), dtype=dt, buffer=nl.shared_hbm, name="y")
-    tiling, per_call = expert_tiling(ep, c, h, f, dt, sbuf_bytes)
+    c0, cm = program_share(c, "grouped_expert_matmul")  # as the fused kernel splits the slots
+    tiling, per_call = expert_tiling(ep, cm, h, f, dt, sbuf_bytes)
     pipe = MatmulPipeline(h, f, dt, dt, tiling, name="moe")
     for s in range(s_n):
         for e in range(el):
             for js in _calls(ep, per_call):
-                pipe([RowBlock(x_grouped[s, j, e], y[s, j, e]) for j in js], w[e], w_key=e)
+                pipe([RowBlock(x_grouped[s, j, e][0:h, c0:c0 + cm], y[s, j, e][c0:c0 + cm, 0:f]) for j in js],
+                     w[e], w_key=e)
     return y
 
 

@@ -84,7 +84,7 @@ def scaled_shape(kernel: str, tp: int) -> tuple[int, int, int]:
     return m, SCALED["n"], SCALED["k"]
 
 
-def check_tp(group: GroupPlan, kernel: str) -> list[Check]:
+def check_tp(group: GroupPlan, kernel: str, lnc: int = 1) -> list[Check]:
     from trnopt.kernels.allgather_matmul import allgather_matmul_reference, allgather_reference
     from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter_reference, reduce_scatter_reference
     from trnopt.kernels.sim import run_ranks
@@ -100,7 +100,7 @@ def check_tp(group: GroupPlan, kernel: str) -> list[Check]:
         t0 = time.perf_counter()
         try:
             res = run_ranks(variant.kernel, variant.args_per_rank, link=group.link, numerics=True, timeout_s=120,
-                            kwargs=dict(variant.kwargs))
+                            kwargs=dict(variant.kwargs), lnc=lnc)
         except Exception as exc:  # noqa: BLE001 - a kernel that fails is a wrong result, reported
             out.append(Check(name, label, f"M {m} K {k} N {n}", False, f"{type(exc).__name__}: {exc}",
                              time.perf_counter() - t0))
@@ -123,7 +123,7 @@ def check_tp(group: GroupPlan, kernel: str) -> list[Check]:
     return out
 
 
-def check_ep(group: GroupPlan) -> list[Check]:
+def check_ep(group: GroupPlan, lnc: int = 1) -> list[Check]:
     from trnopt.kernels.alltoall_expert_matmul import alltoall_expert_matmul, alltoall_expert_matmul_reference
     from trnopt.kernels.overlap import operand
     from trnopt.kernels.sim import run_ranks
@@ -139,7 +139,7 @@ def check_ep(group: GroupPlan) -> list[Check]:
     shape = f"S {s_n} E_local {el} H {h} C {c} F {f}"
     try:
         res = run_ranks(alltoall_expert_matmul, [(x[pos[i]], w[pos[i]]) for i in range(ep)], link=group.link,
-                        numerics=True, timeout_s=120, kwargs={"groups": (ring,)})
+                        numerics=True, timeout_s=120, kwargs={"groups": (ring,)}, lnc=lnc)
     except Exception as exc:  # noqa: BLE001
         return [Check("alltoall_expert_matmul", label, shape, False, f"{type(exc).__name__}: {exc}",
                       time.perf_counter() - t0)]
@@ -151,9 +151,9 @@ def check_ep(group: GroupPlan) -> list[Check]:
 
 
 # -- overlap table --------------------------------------------------------------------------------
-def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int) -> dict:
+def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int, lnc: int = 1) -> dict:
     """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only (the overlap harness)."""
-    res = overlap.measure(kernel, {"m": m, "k": k, "n": n}, link=group.link,
+    res = overlap.measure(kernel, {"m": m, "k": k, "n": n}, link=group.link, lnc=lnc,
                           ring=local_ring(group.first_group), channels=group.channels, timeout_s=600)
     return {"t_mm": res.t_mm, "t_cc": res.t_cc, "t_f": res.t_f, "hidden_fraction": res.hidden_fraction,
             "speedup": res.speedup}
@@ -173,24 +173,26 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
         how = ("timeline at the full shape, measured now with the simulator's symmetric fast mode "
                "(numerics=False, one representative rank)")
     for ku in kernels:
-        used = table.fraction(ku.kernel, tp.size, tp.link_class)
+        key = {"target": plan.target, "lnc": plan.lnc}
         row = {"kernel": ku.kernel, "tp": tp.size, "link_class": tp.link_class, "channels": tp.channels,
-               "cost_model_fraction": used, "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class)}
+               "cost_model_fraction": table.fraction(ku.kernel, tp.size, tp.link_class, **key),
+               "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class, **key)}
         if shape == "scaled":
             m, k, n = scaled_shape(ku.kernel, tp.size)
-            row.update(shape={"m": m, "k": k, "n": n}, **measure(tp, ku.kernel, m, k, n), source="measured now")
+            row.update(shape={"m": m, "k": k, "n": n}, **measure(tp, ku.kernel, m, k, n, plan.lnc),
+                       source="measured now")
         else:
             try:
-                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n}, **measure(tp, ku.kernel, ku.m, ku.k, ku.n),
-                           source="measured now (symmetric)")
+                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n},
+                           **measure(tp, ku.kernel, ku.m, ku.k, ku.n, plan.lnc), source="measured now (symmetric)")
             except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
-                row.update(_table_row(table, ku.kernel, tp), source=f"table (symmetric run failed: {exc})")
+                row.update(_table_row(table, ku.kernel, tp, key), source=f"table (symmetric run failed: {exc})")
         rows.append(row)
     return rows, how
 
 
-def _table_row(table, kernel: str, tp: GroupPlan) -> dict:
-    r = table.row(kernel, tp.size, tp.link_class)
+def _table_row(table, kernel: str, tp: GroupPlan, key: dict) -> dict:
+    r = table.row(kernel, tp.size, tp.link_class, **key)
     if r is None:
         return {"shape": None, "t_mm": None, "t_cc": None, "t_f": None, "hidden_fraction": None, "speedup": None}
     return {k: r.get(k) for k in ("shape", "t_mm", "t_cc", "t_f", "hidden_fraction", "speedup")}
@@ -229,9 +231,9 @@ def run(args) -> int:
     checks: list[Check] = []
     if plan.tp.size > 1:
         for kernel in ("allgather_matmul", "matmul_reduce_scatter"):
-            checks += check_tp(plan.tp, kernel)
+            checks += check_tp(plan.tp, kernel, plan.lnc)
     if plan.ep is not None and any(k.kernel == "alltoall_expert_matmul" for k in plan.kernels):
-        checks += check_ep(plan.ep)
+        checks += check_ep(plan.ep, plan.lnc)
     say("")
     say(f"simulator, scaled shape, data (BF16, rtol {RTOL:g} of the tensor's scale), all ranks of one group:")
     for c in checks:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
-from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, ring_setup
+from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, program_share, ring_setup
 from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
                                    matmul_operands, split_rows, tile_spans, unit_pieces)
 
@@ -128,11 +128,17 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     Buffers are double (step s writes buffer s % 2).
 
     Preconditions: x_t, w 2-D with equal K_shard and dtype; M divisible by tp; M_shard >=
-    channels; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1.
+    channels x programs; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1 or 2
+    (at LNC 2 each physical core takes half of the columns, with its own ring,
+    `ring.program_share`).
     """
-    k, m, n = matmul_operands(x_t, w)
+    k, m, n_all = matmul_operands(x_t, w)
     rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
-    z = nl.ndarray((ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
+    z = nl.ndarray((ms, n_all), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
+    # this physical core's columns col0..col0+n, its own ring (LNC 2: the weight is the
+    # larger operand, so each core loads only its half of it)
+    col0, n = program_share(n_all, "matmul_reduce_scatter")
+    w_mine = w[0:k, col0:col0 + n]
     chans = list(range(channels))
     sdt = sum_dtype_for(w.dtype, sum_dtype)
     part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
@@ -165,12 +171,12 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
             col = position_after(pos, s + 1, tp, c) * ms + off
             if last:
                 addend = _received(land, acc, c, s - 1) if tp > 1 else None
-                blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, 0:n], addend))
+                blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, col0:col0 + n], addend))
             else:
                 blocks.append(RowBlock(x_t[0:k, col:col + h], part[c][s % 2]))
         # Column groups run left to right (n_outer); a slab goes on as soon as its columns
         # are evacuated, the last one once the next step's first loads are out (MatmulPipeline).
-        pipe(blocks, w, n_outer=True, flush=last, on_evac=None if last else sender(s))
+        pipe(blocks, w_mine, n_outer=True, flush=last, on_evac=None if last else sender(s))
     return z
 
 
@@ -192,17 +198,18 @@ def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None):
     kernel does. Preconditions as there.
     """
     assert len(partial.shape) == 2, f"partial must be 2-D, got {tuple(partial.shape)}"
-    m, n = partial.shape
+    m, n_all = partial.shape
     rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "reduce_scatter_ring")
     dt = partial.dtype
     sdt = sum_dtype_for(dt, sum_dtype)
-    z = nl.ndarray((ms, n), dtype=dt, buffer=nl.shared_hbm, name="z")
+    z = nl.ndarray((ms, n_all), dtype=dt, buffer=nl.shared_hbm, name="z")
+    col0, n = program_share(n_all, "reduce_scatter_ring")  # as the fused kernel splits the columns
     chans = list(range(channels))
     part, land, acc = _ring_buffers(halves, n, dt, sdt)
     for s in range(tp - 1):
         for c, (off, h) in enumerate(halves):
             row = position_after(pos, s + 1, tp, c) * ms + off
-            nisa.dma_copy(dst=part[c][s % 2], src=partial[row:row + h, 0:n], name="rs_stage")
+            nisa.dma_copy(dst=part[c][s % 2], src=partial[row:row + h, col0:col0 + n], name="rs_stage")
         _ring_step(rg, s, part, land, acc, chans, 0, n)
     mine = pos * ms
     a_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_a{i}") for i in range(2)]
@@ -215,14 +222,16 @@ def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None):
                 a, b, o = a_t[i % 2], b_t[i % 2], o_t[i % 2]
                 i += 1
                 row = mine + off + r0
-                nisa.dma_copy(dst=a[0:rs, 0:cs], src=partial[row:row + rs, c0:c0 + cs], name="rs_ld_own")
+                nisa.dma_copy(dst=a[0:rs, 0:cs], src=partial[row:row + rs, col0 + c0:col0 + c0 + cs],
+                              name="rs_ld_own")
                 if tp > 1:
                     got = _received(land, acc, c, tp - 2)
                     nisa.dma_copy(dst=b[0:rs, 0:cs], src=got[r0:r0 + rs, c0:c0 + cs], name="rs_ld_acc")
                     nisa.tensor_tensor(o[0:rs, 0:cs], a[0:rs, 0:cs], b[0:rs, 0:cs], op=nl.add, name="rs_add")
                 else:
                     nisa.tensor_copy(o[0:rs, 0:cs], a[0:rs, 0:cs], name="rs_copy")
-                nisa.dma_copy(dst=z[off + r0:off + r0 + rs, c0:c0 + cs], src=o[0:rs, 0:cs], name="rs_st")
+                nisa.dma_copy(dst=z[off + r0:off + r0 + rs, col0 + c0:col0 + c0 + cs], src=o[0:rs, 0:cs],
+                              name="rs_st")
     return z
 
 

@@ -187,7 +187,7 @@ def _build_reduce_scatter(shape, ring, dtype, numerics, seed, kw) -> Launches:
         out = ref.matmul_reduce_scatter_reference(x, w)
         return [out[p] for p in at]
     return Launches(
-        mm=Variant(matmul, [(x[0], w[0])], {"sbuf_bytes": kw["sbuf_bytes"]}),
+        mm=Variant(matmul, [(x[0], w[0])], {"sbuf_bytes": kw["sbuf_bytes"], "split": "cols"}),
         cc=Variant(reduce_scatter_ring, [(partial[p],) for p in at], cc_kw),
         fused=Variant(matmul_reduce_scatter, [(x[p], w[p]) for p in at], kw),
         expected=expected)

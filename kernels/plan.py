@@ -132,6 +132,7 @@ class KernelPlan:
     ep: GroupPlan | None
     kernels: tuple[KernelUse, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    lnc: int = 1  # programs per rank the kernels run with (the layout's LNC)
 
     @property
     def groups(self) -> tuple[GroupPlan, ...]:
@@ -152,7 +153,9 @@ class KernelPlan:
         return out
 
     def lines(self) -> list[str]:
-        out = [f"kernel plan: {self.layout} on {self.target}, {self.ranks} ranks"]
+        out = [f"kernel plan: {self.layout} on {self.target}, {self.ranks} ranks"
+               + (f"; LNC {self.lnc}: each rank's {self.lnc} physical cores split every kernel's work"
+                  if self.lnc > 1 else "")]
         for g in self.groups:
             first = g.first_group
             shown = ", ".join(map(str, first[:16])) + (", ..." if len(first) > 16 else "")
@@ -349,13 +352,10 @@ def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPla
     tp = group_plan(layout, target, "tp")
     ep = group_plan(layout, target, "ep") if layout.ep > 1 else None
     notes = []
-    if layout.lnc > 1:
-        notes.append(f"LNC={layout.lnc}: the simulator runs one program per rank (one physical core's engines); "
-                     "a logical core's second physical core is not modelled, so T_mm is that of one core")
     if layout.tp > 1 and tp.link_class != "core" and tp.channels == 1 and tp.size >= 3:
         notes.append("two chips on a partial axis share one link: one channel")
     return KernelPlan(target.name, layout.describe(), layout.ranks, tp, ep,
-                      tuple(kernel_uses(workload, layout, target, tp)), tuple(notes))
+                      tuple(kernel_uses(workload, layout, target, tp)), tuple(notes), layout.lnc)
 
 
 # -- running the planned kernels in the simulator ------------------------------------------------

@@ -35,9 +35,23 @@ def replica_group(groups: Sequence[Sequence[int]], channels: int, what: str):
     return ncc.ReplicaGroup([list(g) for g in groups]), sizes.pop()
 
 
-def one_program(what: str) -> None:
-    """Assert one program per rank (LNC 1): the kernels split no work over two cores yet."""
-    assert nl.num_programs() == 1, f"{what} runs one program per rank (LNC 1), got {nl.num_programs()}"
+def program_share(rows: int, what: str) -> tuple[int, int]:
+    """``(first, count)`` of ``rows`` (rows or columns) that this program takes: all of them
+    at LNC 1; at LNC 2 (a ``kernel[2]`` launch) program p takes the p-th of two halves.
+
+    The two physical cores of an LNC 2 rank run separate instruction streams on shared HBM
+    ("Using Logical NeuronCores (LNC) with NKI": the NEFF holds instructions for each PNC,
+    ``nl.program_id(0)`` tells them apart), so a kernel splits its work between them. The
+    kernels here give each core its own part of every chunk and of the output (rows, or
+    columns where the weight is the larger operand): the two write disjoint elements of
+    the shared output and exchange nothing, so no ``core_barrier`` is needed (the
+    simulator's race check would refuse any shared element both touch). Each core runs
+    its ring on channels 0.. (the API pages: channel ids are consecutive from 0) over the
+    rank's links, which the two share (``CoreContext.link``)."""
+    programs = nl.num_programs()
+    assert programs in (1, 2), f"{what}: one or two programs per rank (LNC 1 or 2), got {programs}"
+    assert rows >= programs, f"{what}: {rows} rows cannot be split over {programs} programs (LNC {programs})"
+    return split_rows(rows, programs)[nl.program_id(0) if programs > 1 else 0]
 
 
 def ring_setup(groups: Sequence[Sequence[int]], channels: int, what: str):
@@ -46,7 +60,6 @@ def ring_setup(groups: Sequence[Sequence[int]], channels: int, what: str):
     The position comes from the ring itself: after i steps on channel 0 a rank holds the
     data of the rank i places before it, so the position is found without indexing the
     rank-list by a rank id (`my_position`)."""
-    one_program(what)
     rg, tp = replica_group(groups, channels, what)
     return rg, tp, my_position(groups, tp)
 
@@ -75,5 +88,5 @@ def position_after(pos: Any, steps: int, tp: int, channel: int) -> Any:
 
 def channel_halves(rows: int, channels: int, what: str) -> list[tuple[int, int]]:
     """Rows of a chunk per channel: ``[(offset, rows), ...]``, halves for two channels."""
-    assert rows >= channels, f"{what}: M_shard={rows} rows cannot be split over {channels} channels"
+    assert rows >= channels, f"{what}: {rows} rows cannot be split over {channels} channels"
     return split_rows(rows, channels)

@@ -46,6 +46,11 @@ STATIONARY_FMAX = 128  # nc_matmul stationary free size (nl.tile_size.gemm_stati
 MOVING_FMAX = 512  # nc_matmul moving free size (nl.tile_size.gemm_moving_fmax)
 PSUM_BANKS = 8  # nl.tile_size.psum_num_banks, 2 KiB (512 FP32) per partition each
 SBUF_TRN2 = 224 * 1024  # bytes per partition, Trn2 ("Trainium2 Architecture Guide for NKI")
+# Trainium2 architecture guide: the Tensor Engine at 2.4 GHz streams one moving column
+# per cycle through a 128 x 128 stationary tile; a core's DMA engines move 368 GB/s. Their
+# ratio tells a kernel whether a loop step is bound by its loads or by its matmul.
+TENSOR_HZ = 2.4e9
+DMA_BPS = 368e9
 SBUF_SHARE = 0.75  # share of SBUF a pipeline may take; the rest is the kernel's own tiles
 
 
@@ -133,6 +138,16 @@ class MatmulTiling:
         m_groups = math.ceil(math.ceil(m / STATIONARY_FMAX) / self.m_tiles)
         n_groups = math.ceil(math.ceil(n / MOVING_FMAX) / self.n_tiles)
         return (m * k * n_groups + k * n * (1 if self.resident_w else m_groups)) * itemsize
+
+
+def loads_outlast_matmul(rows: int, k: int, n: int, itemsize: int, tiling: MatmulTiling, extra_bytes: int) -> bool:
+    """Whether one call of ``rows`` x ``k`` x ``n`` is bound by its DMA: the call's loads
+    (``traffic_bytes``) plus ``extra_bytes`` the core's DMA engines also move meanwhile (a
+    ring's transfers), at `DMA_BPS`, against its matmul, ceil(rows/128) x ceil(k/128) x n
+    cycles at `TENSOR_HZ` (one moving column per cycle per stationary tile)."""
+    loads = (tiling.traffic_bytes(rows, k, n, itemsize) + extra_bytes) / DMA_BPS
+    matmul = math.ceil(rows / STATIONARY_FMAX) * math.ceil(k / PMAX) * n / TENSOR_HZ
+    return loads > matmul
 
 
 def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int, *,
@@ -526,7 +541,7 @@ class MatmulPipeline:
 
 
 @nki.jit
-def matmul(x_t, w, sbuf_bytes=SBUF_TRN2):
+def matmul(x_t, w, sbuf_bytes=SBUF_TRN2, split="rows"):
     """The undecomposed matmul Y = X @ W on one rank (the T_mm baseline of the overlap kernels).
 
     Dimensions:
@@ -535,12 +550,21 @@ def matmul(x_t, w, sbuf_bytes=SBUF_TRN2):
     Args:
         x_t: [K, M], X transposed (K-major), HBM. w: [K, N], HBM, same dtype.
         sbuf_bytes: SBUF bytes per partition of the target chip.
+        split: how an LNC 2 rank's two physical cores share the work, as the overlap
+            kernel measured against it does: "rows" (each core loads half of X and all of
+            W) or "cols" (all of X and half of W). Ignored at LNC 1.
 
     Returns:
-        Y: [M, N] in w's dtype, shared HBM, via one `MatmulPipeline` over all M rows.
+        Y: [M, N] in w's dtype, shared HBM, via one `MatmulPipeline` over this program's
+        rows and columns (`ring.program_share`).
     """
+    from trnopt.kernels.ring import program_share  # ring imports this module
     k, m, n = matmul_operands(x_t, w)
+    assert split in ("rows", "cols"), f"split must be 'rows' or 'cols', got {split!r}"
     y = nl.ndarray((m, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
-    tiling = choose_tiling(m, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
-    MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="mm")([RowBlock(x_t, y)], w)
+    r0, rows = program_share(m, "matmul") if split == "rows" else (0, m)
+    c0, cols = program_share(n, "matmul") if split == "cols" else (0, n)
+    tiling = choose_tiling(rows, k, cols, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
+    MatmulPipeline(k, cols, x_t.dtype, w.dtype, tiling, name="mm")(
+        [RowBlock(x_t[0:k, r0:r0 + rows], y[r0:r0 + rows, c0:c0 + cols])], w[0:k, c0:c0 + cols])
     return y

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
 from typing import Any
@@ -90,7 +91,17 @@ class CoreContext:
         return where(self.rank, op, name, self.program)
 
     def link(self, channel: int) -> LinkModel:
-        return self.links.get(channel, self.default_link)
+        """The LinkModel this program's collectives on ``channel`` see.
+
+        A link is the rank's (``run_ranks``'s ``link``); under LNC 2 both physical cores of
+        the rank send over it, so each program gets bandwidth / lnc at the same hop latency:
+        the share of two streams that run side by side (ASSUMPTION: the programs of a rank
+        communicate alike, as kernels that split their rows between them do; one program
+        talking while the other is silent would see only half the link)."""
+        link = self.links.get(channel, self.default_link)
+        if self.lnc == 1:
+            return link
+        return dataclasses.replace(link, bandwidth_Bps=link.bandwidth_Bps / self.lnc)
 
     # --- allocation ---------------------------------------------------------------------------
     def allocate(self, shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "",
