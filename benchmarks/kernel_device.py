@@ -8,9 +8,12 @@ torch-neuronx) it says so and exits 0.
 
     torchrun --nproc-per-node 16 benchmarks/kernel_device.py --tp 16     # on a trn2.48xlarge
     python benchmarks/kernel_device.py                                   # relaunches itself with torchrun
+    python benchmarks/kernel_device.py --lnc 1                           # one physical core per rank
 
 Each variant is launched through nki.jit from torch-neuronx on the XLA device of each rank
-(one rank per process, the TP group = all ranks), warmed up, then timed over --iters runs
+(one rank per process, the TP group = all ranks; at LNC 2, the default on trn2, as
+``kernel[2]`` with NEURON_LOGICAL_NC_CONFIG=2, each rank's two physical cores splitting
+the work as in the simulator), warmed up, then timed over --iters runs
 between device barriers; rank 0 prints the medians. For engine-level traces, run a single
 variant under the Neuron profiler (`neuron-explorer` / `neuron-profile capture`) with
 NEURON_RT_INSPECT_ENABLE=1; this script only reports wall-clock times.
@@ -88,7 +91,8 @@ def _run_on_device(args: argparse.Namespace) -> int:  # pragma: no cover - needs
     def timed(variant, me: int) -> float:
         # a one-rank launch (the baseline matmul) runs on every rank, as the fused kernel does
         call_args = [on_device(a) for a in variant.args_per_rank[me % len(variant.args_per_rank)]]
-        return _time(lambda: variant.kernel(*call_args, **dict(variant.kwargs)), args.iters, sync)
+        launch = variant.kernel[args.lnc] if args.lnc > 1 else variant.kernel
+        return _time(lambda: launch(*call_args, **dict(variant.kwargs)), args.iters, sync)
 
     rows = []
     for kernel in args.kernels:
@@ -98,12 +102,12 @@ def _run_on_device(args: argparse.Namespace) -> int:  # pragma: no cover - needs
             t_mm, t_cc, t_f = timed(lx.mm, rank), timed(lx.cc, rank), timed(lx.fused, rank)
             rows.append((kernel, model, shape, t_mm, t_cc, t_f))
     if rank == 0:
-        print(f"trnopt kernel overlap on device: TP{tp}, bfloat16, median of {args.iters} runs")
+        print(f"trnopt kernel overlap on device: TP{tp}, LNC {args.lnc}, bfloat16, median of {args.iters} runs")
         print(f"environment: {_environment()}")
         print(header())
         for kernel, model, shape, a, b, c in rows:
-            print(row_text(kernel, model, tp, CHANNELS, shape, (a, b, c, hidden_fraction(a, b, c), speedup(a, b, c)),
-                           "-", 0.0))
+            print(row_text(kernel, model, tp, CHANNELS, args.lnc, shape,
+                           (a, b, c, hidden_fraction(a, b, c), speedup(a, b, c)), "-", 0.0))
         print("T_cc here is the wall time of the collective-alone kernel (staging copies included).")
     return 0
 
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "alltoall_expert_matmul"])
     ap.add_argument("--models", nargs="+", default=["llama3-405b", "llama3-70b"])
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--lnc", type=int, default=2, choices=[1, 2], help="physical cores per rank (trn2 default 2)")
     args = ap.parse_args(argv)
     reason = _no_device_reason()
     if reason is not None:
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             print("kernel_device: not run: torchrun not found (install torch-neuronx)")
             return 0
         cmd = [torchrun, f"--nproc-per-node={args.tp}", __file__] + (argv if argv is not None else sys.argv[1:])
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env={**os.environ, "NEURON_LOGICAL_NC_CONFIG": str(args.lnc)})
     return _run_on_device(args)  # pragma: no cover
 
 

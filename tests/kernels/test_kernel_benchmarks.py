@@ -1,0 +1,29 @@
+"""The kernel benchmarks' command lines: the device script without a device, and the table
+row both benchmarks print (the device script reuses the simulator's)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import kernel_device  # noqa: E402
+import kernel_overlap  # noqa: E402
+
+
+@pytest.mark.skipif(bool(kernel_device._no_device_reason() is None), reason="a Neuron device is present")
+def test_device_script_without_a_device_says_so_and_exits_0(capsys):
+    assert kernel_device.main(["--lnc", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kernel_device: not run: ") and "kernel_overlap.py" in out
+
+
+def test_a_row_names_its_lnc_and_marks_a_miss():
+    shape = kernel_overlap.full_shape("allgather_matmul", 16384, 16)
+    row = kernel_overlap.row_text("allgather_matmul", "llama3-405b", 16, 2, 2, shape,
+                                  (1e-3, 5e-4, 1.2e-3, 0.6, 1.25), "-", 0.95)
+    assert row.split()[2:5] == ["16", "2", "2"] and row.endswith("0.95 MISS")
+    assert kernel_overlap.header().split()[1:5] == ["model", "TP", "ch", "LNC"]
