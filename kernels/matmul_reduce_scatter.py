@@ -21,7 +21,8 @@ from typing import Any, Sequence
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
 from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, program_share, ring_setup
-from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
+from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, MatmulPipeline, RowBlock,
+                                   choose_tiling, k_interleaved,
                                    matmul_operands, split_rows, tile_spans, unit_pieces)
 
 
@@ -57,6 +58,120 @@ def _ring_buffers(halves, n: int, dt: Any, sdt: Any):
     acc = [[nl.ndarray((h, n), dtype=sdt, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
            for c, (_, h) in enumerate(halves)]
     return part, land, acc
+
+
+def sbuf_ring_plan(ms: int, k: int, n: int, halves, in_itemsize: int, sum_itemsize: int,
+                   sbuf_bytes: int) -> tuple[int, int, int] | None:
+    """``(columns per matmul group, columns per send, slots)`` of the on-chip ring
+    (`_sbuf_ring`), or None when it does not apply.
+
+    It applies with K in whole 128-row tiles and each channel half within one 128-row tile
+    (chunks of at most 128 rows, or two halves of 128), when within ``SBUF_SHARE`` of
+    ``sbuf_bytes`` per partition fit the resident weight ([128, K/128, N] in w's dtype),
+    two x chunks and the running-sum slots (FP32): one step's sends plus two in flight. A matmul group spans at most four PSUM banks (two groups
+    double-buffer in the eight). A send spans the fewest groups that keep two or more
+    sends per step: every permute pays a hop latency, and with one send per step the next
+    step's sums would wait for the whole chunk to cross."""
+    if k % PMAX:
+        return None
+    rows = -(-ms // PMAX)
+    if rows > 1 and not (rows == len(halves) and all(h == PMAX for _, h in halves)):
+        return None
+    kt = k // PMAX
+    cols = min(4 * MOVING_FMAX // rows, n)
+    fixed = (kt * n + 2 * kt * ms) * in_itemsize
+    for sends in range(2, -(-n // cols) + 1):
+        unit = -(-n // sends)
+        unit = -(-unit // cols) * cols  # whole matmul groups
+        slots = -(-n // unit) + 2
+        if fixed + rows * unit * slots * sum_itemsize <= sbuf_bytes * SBUF_SHARE:
+            return cols, unit, slots
+    return None
+
+
+def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, sdt, cols: int, unit: int, n_slots: int) -> None:
+    """The ring on chip: the running sums never touch HBM.
+
+    The weight stays in SBUF; at each step every column group of the chunk's partial goes
+    from PSUM into an SBUF slot with the sum received for it added (in place, in FP32),
+    and each send unit of ``unit`` columns, once all its groups are in, goes on to the
+    successor's slot for the next step (collective_permute_implicit SBUF to SBUF, the
+    collectives pages' all-on-SBUF case); the last step adds the arriving sums in place
+    and stores them to z, the DMA rounding FP32 to z's dtype on the way ("nki.isa.dma_copy":
+    a DMA converts dtypes). Per step the core's DMA moves only the sums it
+    sends (the HBM ring also stores each partial and reads it back), which is what bounds
+    the ring at large TP degrees.
+
+    Slots: the sum received at step s for send unit u lands in slot ((s + 1) U + u) mod
+    ``n_slots`` (U units); the step s + 1 partial of unit u is added into it and sent from
+    it, so a slot is reused ``n_slots`` units later, after its send."""
+    k, n = w.shape
+    kt = k // PMAX
+    units = tile_spans(n, unit)
+    rows = tile_spans(ms, PMAX)
+    chans = list(range(len(halves)))
+    dt = w.dtype
+    w_sb = nl.ndarray((PMAX, kt, n), dtype=dt, buffer=nl.sbuf, name="rs_w")
+    x_sb = [nl.ndarray((PMAX, kt, ms), dtype=dt, buffer=nl.sbuf, name=f"rs_x{i}") for i in range(2)]
+    slots = [nl.ndarray((PMAX, len(rows), unit), dtype=sdt, buffer=nl.sbuf, name=f"rs_slot{i}")
+             for i in range(n_slots)]
+    psum = [nl.ndarray((PMAX, MOVING_FMAX), dtype=nl.float32, buffer=nl.psum, name=f"rs_ps{i}")
+            for i in range(PSUM_BANKS)]
+
+    def slot(s: int, u: int):  # holds the sum received at step s for send unit u
+        return slots[((s + 1) * len(units) + u) % n_slots]
+
+    def half(t, c: int, width: int):  # channel c's rows of a [128, row tiles, cols] tile
+        off, h = halves[c]
+        r, p0 = divmod(off, PMAX)
+        return t[p0:p0 + h, r, 0:width]
+
+    def load_x(s: int) -> None:
+        # partition p, slot j holds contraction row p * kt + j, as for the weight (k_interleaved)
+        for c, (off, h) in enumerate(halves):
+            col = position_after(pos, s + 1, tp, c) * ms + off
+            nisa.dma_copy(dst=x_sb[s % 2][0:PMAX, 0:kt, off:off + h], src=k_interleaved(x_t[0:k, col:col + h], kt),
+                          name="rs_ld_x")
+    load_x(0)
+    for c0, cn in tile_spans(n, cols):  # group by group: the first matmul waits for one group's weight
+        nisa.dma_copy(dst=w_sb[0:PMAX, 0:kt, c0:c0 + cn], src=k_interleaved(w[0:k, c0:c0 + cn], kt), name="rs_ld_w")
+    q = 0  # matmul groups so far: PSUM banks alternate between the two halves of the eight
+    for s in range(tp):
+        if s + 1 < tp:
+            load_x(s + 1)
+        last = s == tp - 1
+        for u, (u0, un) in enumerate(units):
+            got = slot(s - 1, u) if s else None
+            mine = slot(s - 1, u)  # step 0 fills the slot the predecessor's step -1 would have
+            for g0, gn in tile_spans(un, cols):
+                banks = tile_spans(gn, MOVING_FMAX)
+                ps = [[psum[(q % 2) * (PSUM_BANKS // 2) + r * len(banks) + b] for b in range(len(banks))]
+                      for r in range(len(rows))]
+                q += 1
+                for j in range(kt):
+                    for r, (r0, rn) in enumerate(rows):
+                        for b, (b0, bn) in enumerate(banks):
+                            c0 = u0 + g0 + b0
+                            nisa.nc_matmul(ps[r][b][0:rn, 0:bn], x_sb[s % 2][0:PMAX, j, r0:r0 + rn],
+                                           w_sb[0:PMAX, j, c0:c0 + bn], accumulate=j > 0, name="rs_mm")
+                for r, (r0, rn) in enumerate(rows):
+                    for b, (b0, bn) in enumerate(banks):
+                        d, src = mine[0:rn, r, g0 + b0:g0 + b0 + bn], ps[r][b][0:rn, 0:bn]
+                        eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.gpsimd_engine
+                        if got is None:
+                            nisa.tensor_copy(d, src, engine=eng, name="rs_evac")
+                        else:
+                            nisa.tensor_tensor(d, src, got[0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add, engine=eng,
+                                               name="rs_evac_add")
+                if last:
+                    for r, (r0, rn) in enumerate(rows):
+                        nisa.dma_copy(dst=z[r0:r0 + rn, u0 + g0:u0 + g0 + gn], src=mine[0:rn, r, g0:g0 + gn],
+                                      name="rs_st")
+            if not last:
+                ncc.collective_permute_implicit(
+                    srcs_by_channel=[[half(mine, c, un)] for c in chans],
+                    dsts_by_channel=[[half(slot(s, u), c, un)] for c in chans],
+                    replica_group=rg, channel_ids=chans, name=f"rs_step{s}")
 
 
 def _received(land: list, acc: list, c: int, s: int) -> Any:
@@ -141,8 +256,12 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     w_mine = w[0:k, col0:col0 + n]
     chans = list(range(channels))
     sdt = sum_dtype_for(w.dtype, sum_dtype)
-    part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
+    plan = sbuf_ring_plan(ms, k, n, halves, w.dtype.itemsize, sdt.itemsize, sbuf_bytes) if tp > 1 else None
+    if plan is not None:
+        _sbuf_ring(x_t, w_mine, z[0:ms, col0:col0 + n], rg, tp, pos, ms, halves, sdt, *plan)
+        return z
+    part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
     tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True,
                            addend_itemsize=sdt.itemsize, sbuf_bytes=sbuf_bytes)
     group_cols = tiling.n_tiles * MOVING_FMAX
