@@ -61,35 +61,50 @@ def _ring_buffers(halves, n: int, dt: Any, sdt: Any):
 
 
 def sbuf_ring_plan(ms: int, k: int, n: int, halves, in_itemsize: int, sum_itemsize: int,
-                   sbuf_bytes: int) -> tuple[int, int, int] | None:
-    """``(columns per matmul group, columns per send, slots)`` of the on-chip ring
-    (`_sbuf_ring`), or None when it does not apply.
+                   sbuf_bytes: int) -> tuple[int, int, int, int] | None:
+    """``(column blocks, columns per matmul group, columns per send, slots)`` of the
+    on-chip ring (`_sbuf_ring`), or None when it does not apply.
 
-    It applies with K in whole 128-row tiles and each channel half within one 128-row tile
-    (chunks of at most 128 rows, or two halves of 128), when within ``SBUF_SHARE`` of
-    ``sbuf_bytes`` per partition fit the resident weight ([128, K/128, N] in w's dtype),
-    two x chunks and the running-sum slots (FP32): one step's sends plus two in flight. A matmul group spans at most four PSUM banks (two groups
-    double-buffer in the eight). A send spans the fewest groups that keep two or more
-    sends per step: every permute pays a hop latency, and with one send per step the next
-    step's sums would wait for the whole chunk to cross."""
-    if k % PMAX:
+    It applies with K in whole 128-row tiles and each channel half either within one
+    128-row tile or made of whole tiles, when within ``SBUF_SHARE`` of ``sbuf_bytes`` per
+    partition fit a column block's resident weight ([128, K/128, N/blocks] in w's dtype),
+    two x chunks and its running-sum slots (FP32): one step's sends plus two in flight.
+    The fewest column blocks that fit (each runs the whole ring in turn, so a block holds
+    only its share of the weight and of the sums in flight). A matmul group spans at most
+    four PSUM banks (two groups double-buffer in the eight). A send spans the fewest
+    groups that keep two or more sends per step: every permute pays a hop latency, and
+    with one send per step the next step's sums would wait for the whole chunk to cross."""
+    if k % PMAX or not all(off // PMAX == (off + h - 1) // PMAX or (off % PMAX == 0 and h % PMAX == 0)
+                           for off, h in halves):
         return None
     rows = -(-ms // PMAX)
-    if rows > 1 and not (rows == len(halves) and all(h == PMAX for _, h in halves)):
+    if rows > 4:
         return None
     kt = k // PMAX
-    cols = min(4 * MOVING_FMAX // rows, n)
-    fixed = (kt * n + 2 * kt * ms) * in_itemsize
-    for sends in range(2, -(-n // cols) + 1):
-        unit = -(-n // sends)
-        unit = -(-unit // cols) * cols  # whole matmul groups
-        slots = -(-n // unit) + 2
-        if fixed + rows * unit * slots * sum_itemsize <= sbuf_bytes * SBUF_SHARE:
-            return cols, unit, slots
+    for blocks in (1, 2, 4):
+        nb = -(-n // blocks)
+        cols = min(4 * MOVING_FMAX // rows, nb)
+        fixed = (kt * nb + 2 * kt * ms) * in_itemsize
+        for sends in range(2, -(-nb // cols) + 1):
+            unit = -(-(-(-nb // sends)) // cols) * cols  # whole matmul groups
+            slots = -(-nb // unit) + 2
+            if fixed + rows * unit * slots * sum_itemsize <= sbuf_bytes * SBUF_SHARE:
+                return blocks, cols, unit, slots
     return None
 
 
-def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, sdt, cols: int, unit: int, n_slots: int) -> None:
+def _sbuf_buffers(ms: int, k: int, nb: int, unit: int, n_slots: int, dt, sdt):
+    """The on-chip ring's SBUF tiles, shared by its column blocks: the weight block, two x
+    chunks, the running-sum slots, and the PSUM banks."""
+    kt, rows = k // PMAX, -(-ms // PMAX)
+    return (nl.ndarray((PMAX, kt, nb), dtype=dt, buffer=nl.sbuf, name="rs_w"),
+            [nl.ndarray((PMAX, kt, ms), dtype=dt, buffer=nl.sbuf, name=f"rs_x{i}") for i in range(2)],
+            [nl.ndarray((PMAX, rows, unit), dtype=sdt, buffer=nl.sbuf, name=f"rs_slot{i}") for i in range(n_slots)],
+            [nl.ndarray((PMAX, MOVING_FMAX), dtype=nl.float32, buffer=nl.psum, name=f"rs_ps{i}")
+             for i in range(PSUM_BANKS)])
+
+
+def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: int, bufs) -> None:
     """The ring on chip: the running sums never touch HBM.
 
     The weight stays in SBUF; at each step every column group of the chunk's partial goes
@@ -104,19 +119,15 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, sdt, cols: int, uni
 
     Slots: the sum received at step s for send unit u lands in slot ((s + 1) U + u) mod
     ``n_slots`` (U units); the step s + 1 partial of unit u is added into it and sent from
-    it, so a slot is reused ``n_slots`` units later, after its send."""
+    it, so a slot is reused ``n_slots`` units later, after its send. ``bufs``: the tiles
+    (`_sbuf_buffers`), reused by the next column block."""
     k, n = w.shape
     kt = k // PMAX
     units = tile_spans(n, unit)
     rows = tile_spans(ms, PMAX)
     chans = list(range(len(halves)))
-    dt = w.dtype
-    w_sb = nl.ndarray((PMAX, kt, n), dtype=dt, buffer=nl.sbuf, name="rs_w")
-    x_sb = [nl.ndarray((PMAX, kt, ms), dtype=dt, buffer=nl.sbuf, name=f"rs_x{i}") for i in range(2)]
-    slots = [nl.ndarray((PMAX, len(rows), unit), dtype=sdt, buffer=nl.sbuf, name=f"rs_slot{i}")
-             for i in range(n_slots)]
-    psum = [nl.ndarray((PMAX, MOVING_FMAX), dtype=nl.float32, buffer=nl.psum, name=f"rs_ps{i}")
-            for i in range(PSUM_BANKS)]
+    w_sb, x_sb, slots, psum = bufs
+    n_slots = len(slots)
 
     def slot(s: int, u: int):  # holds the sum received at step s for send unit u
         return slots[((s + 1) * len(units) + u) % n_slots]
@@ -124,7 +135,7 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, sdt, cols: int, uni
     def half(t, c: int, width: int):  # channel c's rows of a [128, row tiles, cols] tile
         off, h = halves[c]
         r, p0 = divmod(off, PMAX)
-        return t[p0:p0 + h, r, 0:width]
+        return t[p0:p0 + h, r, 0:width] if p0 + h <= PMAX else t[0:PMAX, r:r + h // PMAX, 0:width]
 
     def load_x(s: int) -> None:
         # partition p, slot j holds contraction row p * kt + j, as for the weight (k_interleaved)
@@ -259,7 +270,12 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     plan = sbuf_ring_plan(ms, k, n, halves, w.dtype.itemsize, sdt.itemsize, sbuf_bytes) if tp > 1 else None
     if plan is not None:
-        _sbuf_ring(x_t, w_mine, z[0:ms, col0:col0 + n], rg, tp, pos, ms, halves, sdt, *plan)
+        blocks, cols, unit, n_slots = plan
+        spans = unit_pieces(n, cols, blocks)
+        bufs = _sbuf_buffers(ms, k, max(nb for _, nb in spans), unit, n_slots, w.dtype, sdt)
+        for b0, nb in spans:
+            _sbuf_ring(x_t, w_mine[0:k, b0:b0 + nb], z[0:ms, col0 + b0:col0 + b0 + nb], rg, tp, pos, ms, halves,
+                       cols, unit, bufs)
         return z
     part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
     tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True,

@@ -197,3 +197,19 @@ def test_on_chip_ring_keeps_the_partials_out_of_hbm(dtypes):
     sent = (tp - 1) * ms * n * 4  # FP32 sums, every step but the last
     operands = tp * ms * k * 2 + k * n * 2 + ms * n * 4  # the store reads the FP32 sums
     assert core.busy["DMA"] == pytest.approx((sent + operands) / 368e9, rel=0.01)
+
+
+@pytest.mark.parametrize("ms,k,n", [(256, 256, 4096), (512, 128, 2048)])
+def test_on_chip_ring_in_column_blocks(ms, k, n, rng, make_tensor, assert_close, dtypes):
+    """A tight SBUF budget: the ring runs in column blocks, one after the other (halves of
+    one and of two whole tiles)."""
+    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.ring import channel_halves
+    sbuf, tp, dt = 64 * 1024, 2, dtypes["bf16"]
+    plan = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 4, sbuf)
+    assert plan is not None and plan[0] == 2, plan
+    xs, ws = _inputs(rng, make_tensor, tp, dt, k=k, ms=ms, n=n)
+    res = _run(matmul_reduce_scatter, [(xs[r], ws[r]) for r in range(tp)], ((0, 1),), channels=2, sbuf_bytes=sbuf)
+    ref = matmul_reduce_scatter_reference(xs, ws)
+    for r in range(tp):
+        assert_close(res.outputs[r], ref[r], dt, f"rank {r}")
