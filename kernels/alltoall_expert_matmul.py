@@ -131,15 +131,16 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     def dispatch(s: int, k0: int, kl: int) -> None:
         # x_disp is an HBM input: all_to_all may read it in place (its page asks only for
         # HBM tensors, all srcs alike); only kernel outputs stay out of collectives
-        ncc.all_to_all(srcs=[x_disp[s][0:ep, 0:el, k0:k0 + kl, c0:c0 + c]], dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]],
-                       replica_group=rg, collective_dim=0, name=f"dispatch{s}")
+        ncc.all_to_all(srcs=[x_disp[s][0:ep, 0:el, k0:k0 + kl, c0:c0 + c]],
+                       dsts=[recv[s][0:ep, 0:el, k0:k0 + kl, 0:c]], replica_group=rg, collective_dim=0,
+                       name=f"dispatch{s}")
 
     def combine(s: int, e: int, n0: int, nc: int) -> None:
         ncc.all_to_all(srcs=[res[s][0:ep, e:e + 1, 0:c, n0:n0 + nc]], dsts=[back[s][0:ep, e:e + 1, 0:c, n0:n0 + nc]],
                        replica_group=rg, collective_dim=0, name=f"combine{s}")
         for j in range(ep):
-            pipe.defer(lambda j=j: nisa.dma_copy(dst=y[s, j, e][c0:c0 + c, n0:n0 + nc], src=back[s, j, e][0:c, n0:n0 + nc],
-                                                 name="a2a_out"))
+            pipe.defer(lambda j=j: nisa.dma_copy(dst=y[s, j, e][c0:c0 + c, n0:n0 + nc],
+                                                 src=back[s, j, e][0:c, n0:n0 + nc], name="a2a_out"))
 
     def combiner(s: int, e: int):
         todo = list(f_slabs)
