@@ -173,7 +173,7 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
         how = ("timeline at the full shape, measured now with the simulator's symmetric fast mode "
                "(numerics=False, one representative rank)")
     for ku in kernels:
-        key = {"target": plan.target, "lnc": plan.lnc}
+        key = {"target": plan.target, "lnc": plan.lnc, "shape_class": plan.shape_class}
         row = {"kernel": ku.kernel, "tp": tp.size, "link_class": tp.link_class, "channels": tp.channels,
                "cost_model_fraction": table.fraction(ku.kernel, tp.size, tp.link_class, **key),
                "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class, **key)}

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from trnopt.kernels.sim import LinkModel
 from trnopt.kernels.tiling import MOVING_FMAX, PMAX, SBUF_TRN2, choose_tiling
 from trnopt.optimizer.cost import collectives as cc
+from trnopt.optimizer.cost.overlap import shape_class
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
@@ -133,6 +134,7 @@ class KernelPlan:
     kernels: tuple[KernelUse, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     lnc: int = 1  # programs per rank the kernels run with (the layout's LNC)
+    shape_class: str | None = None  # the overlap table's shape class of the model (its width)
 
     @property
     def groups(self) -> tuple[GroupPlan, ...]:
@@ -355,7 +357,8 @@ def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPla
     if layout.tp > 1 and tp.link_class != "core" and tp.channels == 1 and tp.size >= 3:
         notes.append("two chips on a partial axis share one link: one channel")
     return KernelPlan(target.name, layout.describe(), layout.ranks, tp, ep,
-                      tuple(kernel_uses(workload, layout, target, tp)), tuple(notes), layout.lnc)
+                      tuple(kernel_uses(workload, layout, target, tp)), tuple(notes), layout.lnc,
+                      shape_class(workload.model.hidden))
 
 
 # -- running the planned kernels in the simulator ------------------------------------------------

@@ -66,6 +66,21 @@ def test_kernels_json_to_stdout(solved_layout, capsys):
     assert all(c["ok"] for c in doc["checks"])
 
 
+def test_kernels_report_the_row_the_cost_model_reads(tmp_path, capsys):
+    """A 405B layout at LNC 2 with TP8 over two chips: the report's "cost model uses" column
+    is the table's row for that target, LNC and model width (not the least over widths),
+    and the kernels ran at LNC 2."""
+    path = hand_layout(tmp_path, "trn2u", {"core": 4, "x": 2})
+    capsys.readouterr()
+    assert main(["kernels", "--layout", str(path), "--shape", "scaled", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["lnc"] == 2 and doc["plan"]["shape_class"] == "hidden16384"
+    table = measured()
+    for r in doc["overlap"]["rows"]:
+        want = table.fraction(r["kernel"], 8, "torus", target="trn2u", lnc=2, shape_class="hidden16384")
+        assert r["cost_model_fraction"] == want, r
+
+
 def test_solve_charges_tp_after_the_measured_overlap(solved_layout):
     doc = json.loads(solved_layout.read_text())
     step = doc["step_breakdown_s"]
