@@ -46,11 +46,6 @@ STATIONARY_FMAX = 128  # nc_matmul stationary free size (nl.tile_size.gemm_stati
 MOVING_FMAX = 512  # nc_matmul moving free size (nl.tile_size.gemm_moving_fmax)
 PSUM_BANKS = 8  # nl.tile_size.psum_num_banks, 2 KiB (512 FP32) per partition each
 SBUF_TRN2 = 224 * 1024  # bytes per partition, Trn2 ("Trainium2 Architecture Guide for NKI")
-# Trainium2 architecture guide: the Tensor Engine at 2.4 GHz streams one moving column
-# per cycle through a 128 x 128 stationary tile; a core's DMA engines move 368 GB/s. Their
-# ratio tells a kernel whether a loop step is bound by its loads or by its matmul.
-TENSOR_HZ = 2.4e9
-DMA_BPS = 368e9
 SBUF_SHARE = 0.75  # share of SBUF a pipeline may take; the rest is the kernel's own tiles
 
 
@@ -143,10 +138,13 @@ class MatmulTiling:
 def loads_outlast_matmul(rows: int, k: int, n: int, itemsize: int, tiling: MatmulTiling, extra_bytes: int) -> bool:
     """Whether one call of ``rows`` x ``k`` x ``n`` is bound by its DMA: the call's loads
     (``traffic_bytes``) plus ``extra_bytes`` the core's DMA engines also move meanwhile (a
-    ring's transfers), at `DMA_BPS`, against its matmul, ceil(rows/128) x ceil(k/128) x n
-    cycles at `TENSOR_HZ` (one moving column per cycle per stationary tile)."""
-    loads = (tiling.traffic_bytes(rows, k, n, itemsize) + extra_bytes) / DMA_BPS
-    matmul = math.ceil(rows / STATIONARY_FMAX) * math.ceil(k / PMAX) * n / TENSOR_HZ
+    ring's transfers), at the core's DMA bandwidth, against its matmul, ceil(rows/128) x
+    ceil(k/128) x n cycles of the Tensor Engine (one moving column per cycle per stationary
+    tile). Both rates are the Trainium2 architecture guide's, as the simulator has them
+    (`trnopt.kernels.sim.rates`): a kernel's choice, not a simulator call."""
+    from trnopt.kernels.sim.rates import DMA_BANDWIDTH_BPS, TENSOR_ENGINE_HZ
+    loads = (tiling.traffic_bytes(rows, k, n, itemsize) + extra_bytes) / DMA_BANDWIDTH_BPS
+    matmul = math.ceil(rows / STATIONARY_FMAX) * math.ceil(k / PMAX) * n / TENSOR_ENGINE_HZ
     return loads > matmul
 
 

@@ -202,7 +202,8 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     ``lnc=2`` launches a one-dimensional grid of 2). Array arguments, positional or keyword
     (``kwargs``), become HBM tensors of the kernel; other values pass through.
     ``link``: LinkModel of every channel, or channel id -> LinkModel (default
-    ``rates.DEFAULT_LINK``), the rank's: its programs share it (``CoreContext.link``). ``numerics=False`` records the schedule and runs every check
+    ``rates.DEFAULT_LINK``), the rank's: its programs share it (``CoreContext.link``).
+    ``numerics=False`` records the schedule and runs every check
     without allocating or computing data (arguments may be ``TensorSpec``).
     ``sbuf_bytes_per_partition``: SBUF capacity (default Trn2, 224 KiB; Trn3:
     ``rates.SBUF_BYTES_PER_PARTITION['trn3']``). A rank waiting at a collective fails with
