@@ -121,6 +121,8 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: in
     ``n_slots`` (U units); the step s + 1 partial of unit u is added into it and sent from
     it, so a slot is reused ``n_slots`` units later, after its send. ``bufs``: the tiles
     (`_sbuf_buffers`), reused by the next column block."""
+    # ~90 lines with the docstring: one loop nest whose loads, matmuls, evacuations and
+    # sends share the slot arithmetic; split, each piece would take all of it as arguments
     k, n = w.shape
     kt = k // PMAX
     units = tile_spans(n, unit)
