@@ -92,7 +92,7 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     size ep; LNC 1 or 2 (at LNC 2 each physical core takes half of every block's C slots,
     dispatching, multiplying and combining them on its own: `ring.program_share`).
     """
-    # ~110 lines with the docstring, ~70 of schedule: one pipeline whose dispatch, matmul and
+    # ~115 lines with the docstring, ~70 of schedule: one pipeline whose dispatch, matmul and
     # combine interleave step by step; split, each piece would take the whole state as arguments
     s_n, ep, el, h, c_all, f = _check_shapes(x_disp, w, groups)
     c0, c = program_share(c_all, "alltoall_expert_matmul")  # this physical core's slots c0..c0+c

@@ -86,7 +86,8 @@ def sbuf_ring_plan(ms: int, k: int, n: int, halves, in_itemsize: int, sum_itemsi
         cols = min(4 * MOVING_FMAX // rows, nb)
         fixed = (kt * nb + 2 * kt * ms) * in_itemsize
         for sends in range(2, -(-nb // cols) + 1):
-            unit = -(-(-(-nb // sends)) // cols) * cols  # whole matmul groups
+            per_send = -(-nb // sends)
+            unit = -(-per_send // cols) * cols  # whole matmul groups
             slots = -(-nb // unit) + 2
             if fixed + rows * unit * slots * sum_itemsize <= sbuf_bytes * SBUF_SHARE:
                 return blocks, cols, unit, slots
@@ -154,8 +155,8 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: in
             load_x(s + 1)
         last = s == tp - 1
         for u, (u0, un) in enumerate(units):
-            got = slot(s - 1, u) if s else None
             mine = slot(s - 1, u)  # step 0 fills the slot the predecessor's step -1 would have
+            got = mine if s else None  # the sum to add in place (none at step 0)
             for g0, gn in tile_spans(un, cols):
                 banks = tile_spans(gn, MOVING_FMAX)
                 ps = [[psum[(q % 2) * (PSUM_BANKS // 2) + r * len(banks) + b] for b in range(len(banks))]

@@ -28,7 +28,7 @@ chip (`Target.chip.sbuf_bytes_per_partition`); `SBUF_TRN2` is only the default.
 Buffers are allocated once per pipeline and reused, so the simulator's dependency
 tracking sees the write-after-read hazards that real buffer rotation has.
 
-One module of ~550 lines on purpose: the tiling choice and the pipeline that emits it share
+One module of ~570 lines on purpose: the tiling choice and the pipeline that emits it share
 the same tile arithmetic (PSUM banks, K blocks, residency), every kernel imports both, and
 they are read together; the pipeline is the next thing to move to its own module.
 """
