@@ -20,7 +20,10 @@ pipeline sub-chunks. At LNC 2 every kernel splits its rows (the expert kernel it
 capacity slots) between the two physical cores of a rank, which share its links. The expert rows use Mixtral 8x7B instead (hidden 4096, expert
 width 14336, 8 experts top-2: 16384 routed tokens per rank) at EP 4 and 8. Link per channel (one direction of one ring): the Trn2 torus, 1,024
 GB/s per chip over 2 axes x 2 directions = 256 GB/s, hop latency 1.5 us (mid-point of
-the documented ~1-2 us intra-instance); two channels (both ring directions).
+the documented ~1-2 us intra-instance); two channels (both ring directions), four where
+the TP group holds every rank of a trn2.48xlarge (TP64 at LNC 2, TP128 at LNC 1: 16
+chips x 8 physical cores), as the collective pages allow and `trnopt.kernels.plan`
+plans (both directions of the torus's two edge-disjoint Hamiltonian cycles).
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ SEQ = 8192
 MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
 LINK = LinkModel(bandwidth_Bps=256e9, latency_s=1.5e-6)
 CHANNELS = 2
+NODE_CORES = 128  # physical cores of a trn2.48xlarge: 16 chips x 8
+
+
+def channels_for(tp: int, lnc: int) -> int:
+    """Ring channels of a TP group on the trn2 torus: 4 when it holds every core of the
+    instance ("nki.collectives.collective_permute_implicit": at most 4 channels for
+    replica groups containing all devices inside a node, 2 for other groups), else 2."""
+    return 4 if tp * lnc == NODE_CORES else CHANNELS
 GOALS = ((4, 16, 0.95), (32, 64, 0.80))  # hidden fraction goals by TP range
 EXPERT_GOAL = 0.85
 
@@ -112,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print("trnopt kernel overlap, simulator timeline (trnopt.kernels.sim), registry trnopt.kernels.overlap")
     print(f"environment: {environment()}")
     print(f"link per channel {LINK.bandwidth_Bps / 1e9:.0f} GB/s, {LINK.latency_s * 1e6:.1f} us per hop, "
-          f"{CHANNELS} channels (a rank's: under LNC 2 its two cores share them); bfloat16; timings schedule only "
+          f"{CHANNELS} channels, 4 for a group of a whole trn2 instance (a rank's: under LNC 2 its two cores share "
+          f"them); bfloat16; timings schedule only "
           f"(numerics=False)")
     print(header())
     print("-" * len(header()))
@@ -122,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if kernel == "alltoall_expert_matmul" and (tp not in (4, 8) or model != args.models[0]):
             continue
         shape = full_shape(kernel, MODELS[model], tp)
-        ch = 1 if kernel == "alltoall_expert_matmul" else CHANNELS
+        ch = 1 if kernel == "alltoall_expert_matmul" else channels_for(tp, lnc)
         t0 = time.perf_counter()
         try:
             r = measure(kernel, shape, tp=tp, channels=ch, link=LINK, dtype=BF16, lnc=lnc)

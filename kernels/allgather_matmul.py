@@ -4,9 +4,11 @@ Y = all_gather(X shards along M) @ W_shard, computed as a ring: each rank multip
 shard in hand while the next shard moves to it over the ring (double buffering), so the
 all-gather hides behind the matmul. One channel runs the ring one way; two channels split
 every shard's rows in halves and run the ring both ways at once (both directions of a
-torus ring), halving the bytes per link per step. The two halves in hand at a step fill
-one stationary tile together (`tiling.pack_rows`), so small shards at large TP degree
-still run the matmul at its full rate.
+torus ring), halving the bytes per link per step; four channels (a group of a whole
+node: both directions of two rings) split them in quarters, a direction's two quarters
+adjacent so each step still stores one span per direction. The parts in hand at a step
+fill one stationary tile together (`tiling.pack_rows`), so small shards at large TP
+degree still run the matmul at its full rate.
 
 Kernels here (references in `trnopt.kernels.references`):
 - `allgather_matmul`: the fused ring kernel.
@@ -39,8 +41,9 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
             semantics). The order of a rank-list is the ring order and the shard order:
             the shard of the rank at list position i is rows i*M_shard.. of X, as
             ncc.all_gather concatenates.
-        channels: 1 (ring one way) or 2 (each shard's rows split in halves, the first half
-            going forward around the ring on channel 0 and the second backward on channel 1).
+        channels: 1 (ring one way), 2 (each shard's rows split in halves, the first half
+            going forward around the ring on channel 0 and the second backward on channel 1)
+            or up to 4 (even channels forward, odd backward; `ring.channel_halves`).
         pieces: each ring step moves its chunk in up to this many K-row slabs (of whole
             128-row tiles), so the next step's matmul can start on the first slab while
             the rest still moves; every slab pays the hop latency, and a large slab takes
@@ -60,7 +63,7 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
     reads x_t directly and copies it into the ring, collectives never touching kernel
     inputs).
 
-    Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2) and
+    Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2, 4) and
     M_shard >= channels x programs; pieces >= 1; rank-lists of equal size; LNC 1 or 2 (at LNC 2
     each physical core takes half of every shard's rows, `ring.program_share`).
     """
@@ -101,7 +104,17 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
 
 
 def _blocks(y, tp, pos, s, halves, ms, n, chunk):
-    return [RowBlock(chunk(c, off, h), y[row:row + h, 0:n]) for c, (off, h) in enumerate(halves)
+    """The row blocks of ring step ``s``, in row order: one per channel, or, where the rows
+    come from SBUF (``chunk`` gives None), one per ring direction, its channels' rows being
+    adjacent (`ring.channel_halves`): one store to y per direction and step."""
+    spans: list[list[int]] = []  # [channel, offset, rows]
+    for c, (off, h) in sorted(enumerate(halves), key=lambda e: e[1][0]):
+        last = spans[-1] if spans else None
+        if last and chunk(c, off, h) is None and last[0] % 2 == c % 2 and last[1] + last[2] == off:
+            last[2] += h
+        else:
+            spans.append([c, off, h])
+    return [RowBlock(chunk(c, off, h), y[row:row + h, 0:n]) for c, off, h in spans
             for row in [position_after(pos, s, tp, c) * ms + off]]
 
 

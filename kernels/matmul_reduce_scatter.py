@@ -34,18 +34,22 @@ def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: st
 
 
 def sum_dtype_for(dtype: Any, sum_dtype: Any = None) -> Any:
-    """The dtype of the running sums that travel the ring: ``sum_dtype`` if given, else FP32
-    for inputs narrower than 4 bytes (BF16), else the input's dtype.
+    """The dtype of the running sums that travel the ring: ``sum_dtype`` if given, else the
+    input's dtype.
 
-    The Tensor Engine accumulates in FP32 whatever the inputs ("nki.isa.nc_matmul": "the
-    matmul accumulation and results are always in float32"), and a DMA converts dtypes on
-    the way ("nki.isa.dma_copy"), so a BF16 kernel can keep its running partial at the
-    precision the hardware gives. Rounding the running sum to BF16 at every hop instead
-    loses about 2^-9 of it per hop, and over a TP128 ring (127 roundings) that exceeds the
-    2e-2 BF16 tolerance on some elements."""
-    if sum_dtype is not None:
-        return sum_dtype
-    return nl.float32 if dtype.itemsize < 4 else dtype
+    Each rank adds in FP32 (the Tensor Engine accumulates in FP32, "nki.isa.nc_matmul";
+    the Vector Engine computes in FP32 whatever its operands, "nki.isa.tensor_tensor") and
+    rounds the sum once per hop to the dtype it sends. Sending the input's dtype moves the
+    bytes a library reduce-scatter of that tensor moves (NCCL's ring reduce-scatter of
+    BF16 data sends BF16 partial sums, one rounding per hop), which is also what the cost
+    model's TP term counts, so the measured overlap applies to the collective it times.
+    The price is precision: over a ring of n ranks the sum is rounded n - 1 times, about
+    2^-9 of it each time; on random BF16 data the worst error measured against the scale
+    of the result is about 1.4% at n = 64 and 1.8% at n = 128 (the BF16 tolerance is 2%),
+    and adversarial data (one large partial, then many small ones) loses more. Pass
+    ``sum_dtype=nl.float32`` for FP32 sums (one rounding at the end) at twice the bytes on
+    every link."""
+    return dtype if sum_dtype is None else sum_dtype
 
 
 def _ring_buffers(halves, n: int, dt: Any, sdt: Any):
@@ -68,7 +72,7 @@ def sbuf_ring_plan(ms: int, k: int, n: int, halves, in_itemsize: int, sum_itemsi
     It applies with K in whole 128-row tiles and each channel half either within one
     128-row tile or made of whole tiles, when within ``SBUF_SHARE`` of ``sbuf_bytes`` per
     partition fit a column block's resident weight ([128, K/128, N/blocks] in w's dtype),
-    two x chunks and its running-sum slots (FP32): one step's sends plus two in flight.
+    two x chunks and its running-sum slots (in the sum dtype): one step's sends plus two in flight.
     The fewest column blocks that fit (each runs the whole ring in turn, so a block holds
     only its share of the weight and of the sums in flight). A matmul group spans at most
     four PSUM banks (two groups double-buffer in the eight). A send spans the fewest
@@ -109,12 +113,13 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: in
     """The ring on chip: the running sums never touch HBM.
 
     The weight stays in SBUF; at each step every column group of the chunk's partial goes
-    from PSUM into an SBUF slot with the sum received for it added (in place, in FP32),
+    from PSUM into an SBUF slot with the sum received for it added (in place; the Vector
+    Engine adds in FP32 and rounds to the slot's sum dtype),
     and each send unit of ``unit`` columns, once all its groups are in, goes on to the
     successor's slot for the next step (collective_permute_implicit SBUF to SBUF, the
     collectives pages' all-on-SBUF case); the last step adds the arriving sums in place
-    and stores them to z, the DMA rounding FP32 to z's dtype on the way ("nki.isa.dma_copy":
-    a DMA converts dtypes). Per step the core's DMA moves only the sums it
+    and stores them to z, the DMA converting the sum dtype to z's on the way where they
+    differ ("nki.isa.dma_copy": a DMA converts dtypes). Per step the core's DMA moves only the sums it
     sends (the HBM ring also stores each partial and reads it back), which is what bounds
     the ring at large TP degrees.
 
@@ -232,15 +237,16 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
         groups: replica groups (disjoint rank-lists); list order is the ring order and the
             shard order: list position i receives rows i*M_shard.. of the sum, as
             ncc.reduce_scatter splits.
-        channels: 1, or 2 (each chunk's rows split in halves, the first half reduced around
-            the ring forward on channel 0, the second backward on channel 1).
+        channels: 1, 2 (each chunk's rows split in halves, the first half reduced around
+            the ring forward on channel 0, the second backward on channel 1) or 4 (even
+            channels forward, odd backward; `ring.channel_halves`).
         pieces: each step's partial travels in up to this many column slabs (aligned to the
             matmul's column groups, which run left to right), each sent as soon as its
             columns are evacuated; the last step adds each slab as it arrives. None: one
             slab per column group.
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
-        sum_dtype: dtype of the running sums on the ring (`sum_dtype_for`: default FP32
-            for BF16 inputs, w's dtype for FP32).
+        sum_dtype: dtype of the running sums on the ring (`sum_dtype_for`: default w's
+            dtype, as a library reduce-scatter sends; FP32 for one rounding at the end).
 
     Returns:
         Z_shard: [M_shard, N] in w's dtype, shared HBM: sum over the ring of X_r @ W_r for
@@ -253,11 +259,11 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     partial + the sum received at s - 1. The last step computes the rank's own chunk and
     adds the arriving sum while evacuating PSUM. Each rank's partial is rounded once to w's
     dtype (step 0 sends it as is); the running sums are added in FP32 and travel in
-    ``sum_dtype`` (FP32 for BF16 inputs: one rounding to BF16 at the end, not one per hop).
+    ``sum_dtype`` (by default w's dtype: one rounding per hop, as a library reduce-scatter).
     Buffers are double (step s writes buffer s % 2).
 
     Preconditions: x_t, w 2-D with equal K_shard and dtype; M divisible by tp; M_shard >=
-    channels x programs; channels in (1, 2); pieces >= 1; equal rank-list sizes; LNC 1 or 2
+    channels x programs; channels in (1, 2, 4); pieces >= 1; equal rank-list sizes; LNC 1 or 2
     (at LNC 2 each physical core takes half of the columns, with its own ring,
     `ring.program_share`).
     """

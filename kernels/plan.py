@@ -33,9 +33,15 @@ of one chip are adjacent: on-chip). The cycle is built, not searched:
   one-hop cycle; the plan then keeps the snake order and its check says which hop is
   longer than one link.
 
-Channels (kernels take 1 or 2): two (both ring directions) when the ring has three or
-more members and its chip cycle is not two chips on a partial axis (those two chips share
-one link, so a second direction adds no bandwidth); else one.
+Channels (kernels take 1 to 4): four when the group holds every rank of one node (all
+cores of every chip of a 2-D torus, nothing beyond it): the collective pages allow "4 for
+replica groups containing all devices inside a node and 2 for other supported replica
+groups" ("nki.collectives.collective_permute_implicit"), and a 2-D torus (a product of
+two cycles) splits into two edge-disjoint Hamiltonian cycles (Kotzig, 1973), so the four
+channels (both directions of both cycles) each take their own link. Otherwise two (both
+ring directions) when the ring has three or more members and its chip cycle is not two
+chips on a partial axis (those two chips share one link, so a second direction adds no
+bandwidth); else one.
 
 Link model (one channel = one direction of the ring; kept consistent with
 benchmarks/kernel_overlap.py, which takes the trn2 torus 1,024 GB/s per chip as 2 axes x
@@ -61,7 +67,7 @@ from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 
 ITEMSIZE = 2  # BF16 activations and weights
-SUM_ITEMSIZE = 4  # the reduce-scatter's running sums travel in FP32 (matmul_reduce_scatter's sum_dtype)
+SUM_ITEMSIZE = ITEMSIZE  # the reduce-scatter's running sums travel in the data's dtype (matmul_reduce_scatter's sum_dtype)
 PIECES = 4  # ring-step slabs (the kernels' default ``pieces``)
 
 
@@ -267,6 +273,16 @@ def order_group(layout: Layout, coords: dict[int, tuple[int, ...]], ranks: list[
     return ordered, note
 
 
+def whole_node(layout: Layout, span) -> bool:
+    """Whether a group of this ``span`` holds every rank of one node and nothing beyond it:
+    every core of every chip of a 2-D torus (two torus axes of three or more chips, whose
+    links split into two edge-disjoint Hamiltonian cycles)."""
+    spanned = {a.name: f for a, f in span}
+    node = [a for a in layout.axes if a.kind in ("core", "torus")]
+    return (sum(a.kind == "torus" and a.size >= 3 for a in node) == 2 and set(spanned) <= {a.name for a in node}
+            and all(spanned.get(a.name, 1) == a.size for a in node))
+
+
 def group_plan(layout: Layout, target: Target, dim: str) -> GroupPlan:
     """The replica groups of ``dim`` (tp or ep): group 0 in ring order, with its link model and hop check."""
     size = layout.degree(dim)
@@ -280,7 +296,7 @@ def group_plan(layout: Layout, target: Target, dim: str) -> GroupPlan:
     chip_cycle = len({coords[r][1:] for r in ring})
     partial_pair = chip_cycle == 2 and any(a.kind in ("torus", "ring") and f < a.size and a.size > 2
                                            for a, f in span if a.kind != "core")
-    channels = 2 if size >= 3 and not partial_pair else 1
+    channels = 4 if whole_node(layout, span) else 2 if size >= 3 and not partial_pair else 1
     # groups of this dimension whose rings leave each chip over the same links
     sharing = max(1, layout.ranks_per_chip // layout.placement[DIMS.index(dim)][0])
     bws, lats = [], [0.0]

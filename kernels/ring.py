@@ -31,7 +31,7 @@ def replica_group(groups: Sequence[Sequence[int]], channels: int, what: str):
     size and ``channels`` in (1, 2)."""
     sizes = {len(g) for g in groups}
     assert len(sizes) == 1, f"{what}: replica groups must have equal sizes, got {[len(g) for g in groups]}"
-    assert channels in (1, 2), f"{what}: channels must be 1 or 2, got {channels}"
+    assert channels in (1, 2, 4), f"{what}: channels must be 1, 2 or 4, got {channels}"
     return ncc.ReplicaGroup([list(g) for g in groups]), sizes.pop()
 
 
@@ -87,6 +87,12 @@ def position_after(pos: Any, steps: int, tp: int, channel: int) -> Any:
 
 
 def channel_halves(rows: int, channels: int, what: str) -> list[tuple[int, int]]:
-    """Rows of a chunk per channel: ``[(offset, rows), ...]``, halves for two channels."""
+    """Rows of a chunk per channel: ``[(offset, rows), ...]`` indexed by channel, in
+    contiguous parts. The channels of one ring direction (even: forward, odd: backward)
+    take adjacent parts, the forward ones first, so the rows that arrive from one ring
+    neighbour at a step are one contiguous span (with four channels, channels 0 and 2
+    hold the first half of the rows and 1 and 3 the second)."""
     assert rows >= channels, f"{what}: {rows} rows cannot be split over {channels} channels"
-    return split_rows(rows, channels)
+    parts = split_rows(rows, channels)
+    order = list(range(0, channels, 2)) + list(range(1, channels, 2))
+    return [parts[order.index(c)] for c in range(channels)]

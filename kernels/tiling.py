@@ -129,10 +129,13 @@ class MatmulTiling:
         return x + w + o + a
 
     def traffic_bytes(self, m: int, k: int, n: int, itemsize: int) -> int:
-        """HBM->SBUF bytes of x and w for one [m, k] x [k, n] product (re-reads included)."""
+        """HBM->SBUF bytes of x and w for one [m, k] x [k, n] product (re-reads included):
+        x once per column group (once if ``resident_x``), w once per row group (once if
+        ``resident_w``)."""
         m_groups = math.ceil(math.ceil(m / STATIONARY_FMAX) / self.m_tiles)
         n_groups = math.ceil(math.ceil(n / MOVING_FMAX) / self.n_tiles)
-        return (m * k * n_groups + k * n * (1 if self.resident_w else m_groups)) * itemsize
+        x_reads = 1 if self.resident_x else n_groups
+        return (m * k * x_reads + k * n * (1 if self.resident_w else m_groups)) * itemsize
 
 
 def loads_outlast_matmul(rows: int, k: int, n: int, itemsize: int, tiling: MatmulTiling, extra_bytes: int) -> bool:
@@ -153,13 +156,13 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
                   sbuf_bytes: int = SBUF_TRN2) -> MatmulTiling:
     """Pick group and block sizes for products with up to ``rows`` output rows per call.
 
-    Uses all 8 PSUM banks for a group (fewest re-reads), biased towards whole row blocks
-    (x re-read less); keeps the weight resident when it fits; then the largest K block
-    (fewer, larger DMAs) within ``SBUF_SHARE`` of ``sbuf_bytes`` per partition (the
-    target chip's capacity). When a call's rows make one row group but several column
-    groups, x stays on chip for the call (``resident_x``) if that fits too. ``addend``: the
-    calls pass addends, of ``addend_itemsize`` bytes per element (default ``in_itemsize``;
-    the reduce-scatter's running sums are FP32).
+    Of the tilings that fit within ``SBUF_SHARE`` of ``sbuf_bytes`` per partition (the
+    target chip's capacity), the one that loads the fewest bytes from HBM
+    (`MatmulTiling.traffic_bytes`: x re-read per column group unless a call's x stays on
+    chip, ``resident_x``; w re-read per row group unless it stays on chip, ``resident_w``),
+    then the largest K block (fewer, larger DMAs), then the widest column group. Row
+    groups use all 8 PSUM banks' worth of row tiles the rows need. ``addend``: the calls
+    pass addends, of ``addend_itemsize`` bytes per element (default ``in_itemsize``).
     """
     m_t = min(math.ceil(rows / STATIONARY_FMAX), PSUM_BANKS)
     n_t = min(math.ceil(n / MOVING_FMAX), max(1, PSUM_BANKS // m_t))
@@ -167,19 +170,16 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     kt = math.ceil(k / PMAX)
     a_size = (addend_itemsize or in_itemsize) if addend else 0
     budget = int(sbuf_bytes * SBUF_SHARE)
-    one_row_group = math.ceil(rows / STATIONARY_FMAX) <= m_t and math.ceil(n / MOVING_FMAX) > n_t
-    # a resident weight is worth narrower column groups (fewer PSUM banks per group): without
-    # it the weight is re-read for every call (every ring step of the reduce-scatter)
+    one_row_group = math.ceil(rows / STATIONARY_FMAX) <= m_t
     widths = [n_t]
     while widths[-1] > 1:
         widths.append(widths[-1] // 2)
-    for resident, nts in ((True, widths), (False, [n_t])):
-        for nt in nts:
-            for kb in (8, 4, 2, 1):
-                for rx in ((True, False) if one_row_group else (False,)):
-                    t = MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)
-                    if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget:
-                        return t
+    fits = [t for resident in (True, False) for nt in widths for kb in sorted({min(b, kt) for b in (8, 4, 2, 1)})
+            for rx in ((True, False) if one_row_group and math.ceil(n / MOVING_FMAX) > nt else (False,))
+            for t in [MatmulTiling(k_block=kb, m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)]
+            if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget]
+    if fits:
+        return min(fits, key=lambda t: (t.traffic_bytes(rows, k, n, in_itemsize), -t.k_block, -t.n_tiles))
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
     raise AssertionError(f"matmul tiling for rows={rows}, k={k}, n={n} needs "
                          f"{t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "

@@ -7,6 +7,7 @@ import pytest
 
 from trnopt.kernels.allgather_matmul import allgather_matmul, allgather_ring
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference
+from trnopt.kernels.ring import channel_halves
 from trnopt.kernels.sim import TensorSpec, run_ranks
 
 # Ragged everywhere: M_shard, K and N are not multiples of their tiles (128, 128, 512).
@@ -105,7 +106,7 @@ def test_single_rank_is_a_plain_matmul(rng, make_tensor, assert_close, dtypes):
 
 @pytest.mark.parametrize("bad,msg", [
     ({"w": (K + 1, N)}, "contraction mismatch"),
-    ({"channels": 3}, "channels must be 1 or 2"),
+    ({"channels": 3}, "channels must be 1, 2 or 4"),
     ({"pieces": 0}, "pieces must be >= 1"),
     ({"x": (K, 1), "channels": 2}, "cannot be split over 2 channels"),
 ])
@@ -125,3 +126,30 @@ def test_production_tiles_fit_sbuf_and_psum(dtypes):
     args = [(TensorSpec((16384, 512), dt), TensorSpec((16384, 1024), dt))] * 2
     res = _run(allgather_matmul, args, ((0, 1),), numerics=False, channels=2)
     assert res.timeline.busy_s["Tensor"] > 0.9 * res.timeline.total_s
+
+
+@pytest.mark.parametrize("tp,ms,k,n", [(4, 64, 256, 128), (8, 36, 130, 96)])
+def test_four_channels_match_reference(tp, ms, k, n, rng, make_tensor, assert_close, dtypes):
+    """Four channels (both directions of two rings, as a group of a whole node may use): the
+    on-chip ring (K in whole tiles) and the HBM ring (ragged K)."""
+    _check(tp, dtypes["bf16"], 4, rng, make_tensor, assert_close, ms=ms, k=k, n=n)
+
+
+def test_four_channels_store_once_per_direction(dtypes):
+    """With the rows of a ring direction's channels adjacent (`ring.channel_halves`), the
+    on-chip ring stores each step's rows with one DMA per direction, not one per channel."""
+    tp, ms, k, n = 8, 64, 256, 128
+    dt = dtypes["bf16"]
+    args = [(TensorSpec((k, ms), dt), TensorSpec((k, n), dt))] * tp
+    counts = {}
+    for ch in (2, 4):
+        res = run_ranks(allgather_matmul, args, kwargs={"groups": (tuple(range(tp)),), "channels": ch},
+                        numerics=False)
+        counts[ch] = sum(1 for i in res.timeline.cores[0].instructions if i.name == "ag_st")
+    assert counts[4] == counts[2] == 2 * tp, counts
+
+
+def test_channel_halves_put_a_direction_together():
+    """Channels 0 and 2 (forward) take the first half of the rows, 1 and 3 (backward) the second."""
+    assert channel_halves(128, 4, "t") == [(0, 32), (64, 32), (32, 32), (96, 32)]
+    assert channel_halves(5, 2, "t") == [(0, 3), (3, 2)]

@@ -173,3 +173,18 @@ def test_the_plan_of_millions_of_ranks_reads_one_group():
     assert huge.ranks == 19968 * 256
     a, b = kernel_plan(WORKLOAD, small, target).tp, kernel_plan(WORKLOAD, huge, target).tp
     assert b.count == huge.ranks // 8 and b.first_group == a.first_group and b.hops == a.hops and b.one_hop
+
+
+@pytest.mark.parametrize("target_name,tp,lnc,channels", [
+    ("trn2", {"core": 4, "x": 4, "y": 4}, 2, 4),            # every logical core of the instance
+    ("trn2", {"core": 8, "x": 4, "y": 4}, 1, 4),            # every physical core, LNC 1
+    ("trn2u", {"core": 4, "x": 4, "y": 4}, 2, 4),           # one instance of the UltraServer
+    ("trn2u", {"core": 4, "x": 4, "y": 4, "ring": 2}, 2, 2),  # beyond one node
+    ("trn2", {"x": 4, "y": 4}, 2, 2),                        # every chip but not every core
+    ("trn2", {"core": 8, "x": 4, "y": 2}, 1, 2),            # half the torus
+    ("trn3-gen1", {"core": 4, "switch": 16}, 2, 2),          # a switch, no torus
+])
+def test_four_channels_only_for_a_whole_node(target_name, tp, lnc, channels):
+    """The collective pages allow 4 channels for a replica group of all devices in a node, 2 otherwise."""
+    layout, target = layout_for(target_name, tp, lnc=lnc)
+    assert kernel_plan(WORKLOAD, layout, target).tp.channels == channels
