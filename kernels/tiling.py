@@ -157,11 +157,12 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     """Pick group and block sizes for products with up to ``rows`` output rows per call.
 
     Of the tilings that fit within ``SBUF_SHARE`` of ``sbuf_bytes`` per partition (the
-    target chip's capacity), the one that loads the fewest bytes from HBM
+    target chip's capacity): the largest K block (fewer, larger DMAs: each pays about
+    2 us of fixed cost, "NKI Performance Guide"), then the fewest bytes loaded from HBM
     (`MatmulTiling.traffic_bytes`: x re-read per column group unless a call's x stays on
     chip, ``resident_x``; w re-read per row group unless it stays on chip, ``resident_w``),
-    then the largest K block (fewer, larger DMAs), then the widest column group. Row
-    groups use all 8 PSUM banks' worth of row tiles the rows need. ``addend``: the calls
+    then the widest column group. Row groups use all 8 PSUM banks' worth of row tiles the
+    rows need; a resident weight may take narrower column groups. ``addend``: the calls
     pass addends, of ``addend_itemsize`` bytes per element (default ``in_itemsize``).
     """
     m_t = min(math.ceil(rows / STATIONARY_FMAX), PSUM_BANKS)
@@ -174,12 +175,13 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     widths = [n_t]
     while widths[-1] > 1:
         widths.append(widths[-1] // 2)
-    fits = [t for resident in (True, False) for nt in widths for kb in sorted({min(b, kt) for b in (8, 4, 2, 1)})
+    fits = [t for resident, nts in ((True, widths), (False, [n_t])) for nt in nts
+            for kb in sorted({min(b, kt) for b in (8, 4, 2, 1)})
             for rx in ((True, False) if one_row_group and math.ceil(n / MOVING_FMAX) > nt else (False,))
             for t in [MatmulTiling(k_block=kb, m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)]
             if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget]
     if fits:
-        return min(fits, key=lambda t: (t.traffic_bytes(rows, k, n, in_itemsize), -t.k_block, -t.n_tiles))
+        return min(fits, key=lambda t: (-t.k_block, t.traffic_bytes(rows, k, n, in_itemsize), -t.n_tiles))
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
     raise AssertionError(f"matmul tiling for rows={rows}, k={k}, n={n} needs "
                          f"{t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "
