@@ -196,8 +196,8 @@ def test_on_chip_ring_keeps_the_partials_out_of_hbm(dtypes):
     core = res.timeline.cores[0]
     names = {i.name for i in core.instructions if i.engine == "DMA"}
     assert names == {"rs_ld_x", "rs_ld_w", "rs_st"}, names
-    sent = (tp - 1) * ms * n * 4  # FP32 sums, every step but the last
-    operands = tp * ms * k * 2 + k * n * 2 + ms * n * 4  # the store reads the FP32 sums
+    sent = (tp - 1) * ms * n * 2  # BF16 sums (the data's dtype), every step but the last
+    operands = tp * ms * k * 2 + k * n * 2 + ms * n * 2  # the store reads the BF16 sums
     assert core.busy["DMA"] == pytest.approx((sent + operands) / 368e9, rel=0.01)
 
 
