@@ -107,10 +107,11 @@ def _blocks(y, tp, pos, s, halves, ms, n, chunk):
     """The row blocks of ring step ``s``, in row order: one per channel, or, where the rows
     come from SBUF (``chunk`` gives None), one per ring direction, its channels' rows being
     adjacent (`ring.channel_halves`): one store to y per direction and step."""
+    on_chip = chunk(0, *halves[0]) is None
     spans: list[list[int]] = []  # [channel, offset, rows]
     for c, (off, h) in sorted(enumerate(halves), key=lambda e: e[1][0]):
         last = spans[-1] if spans else None
-        if last and chunk(c, off, h) is None and last[0] % 2 == c % 2 and last[1] + last[2] == off:
+        if on_chip and last and last[0] % 2 == c % 2 and last[1] + last[2] == off:
             last[2] += h
         else:
             spans.append([c, off, h])

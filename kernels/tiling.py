@@ -175,11 +175,10 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     widths = [n_t]
     while widths[-1] > 1:
         widths.append(widths[-1] // 2)
-    fits = [t for resident, nts in ((True, widths), (False, [n_t])) for nt in nts
-            for kb in sorted({min(b, kt) for b in (8, 4, 2, 1)})
-            for rx in ((True, False) if one_row_group and math.ceil(n / MOVING_FMAX) > nt else (False,))
-            for t in [MatmulTiling(k_block=kb, m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)]
-            if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget]
+    candidates = [MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)
+                  for resident, nts in ((True, widths), (False, [n_t])) for nt in nts for kb in (8, 4, 2, 1)
+                  for rx in {one_row_group and math.ceil(n / MOVING_FMAX) > nt, False}]
+    fits = [t for t in candidates if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget]
     if fits:
         return min(fits, key=lambda t: (-t.k_block, t.traffic_bytes(rows, k, n, in_itemsize), -t.n_tiles))
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
