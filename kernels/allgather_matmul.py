@@ -60,8 +60,8 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
     When two or three shards fit in SBUF beside the matmul's tiles (small shards, large TP
     degree) the ring runs on chip and the matmul reads the shard in place (`_sbuf_ring`);
     otherwise through two HBM ring buffers per channel, slab by slab (`_hbm_ring`; step 0
-    reads x_t directly and copies it into the ring, collectives never touching kernel
-    inputs).
+    multiplies x_t directly and at LNC 1 copies it into the ring, whose sources must be
+    private HBM there).
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2, 4) and
     M_shard >= channels x programs; pieces >= 1; rank-lists of equal size; LNC 1 or 2 (at LNC 2
@@ -170,8 +170,8 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs, calls):
     successor, interleaved with its loads (side actions spread over the whole call), so
     each slab's share of the DMA bandwidth is small and arrives in K order for the next
     call. Buffers per channel: the shards of two calls (the one running and the next,
-    arriving). Step 0 copies its slab of x_t into the ring buffer first (collectives
-    never touch kernel inputs)."""
+    arriving). At LNC 1 step 0 copies its slab of x_t into the ring buffer first (the
+    sources of an LNC 1 collective are private HBM); at LNC 2 it sends from x_t."""
     k, ms = x_t.shape
     n = w.shape[1]
     chans = list(range(len(halves)))
@@ -179,12 +179,21 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs, calls):
     bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(nb)]
             for c, (_, h) in enumerate(halves)]
 
+    # at LNC 1 collective srcs on HBM must be private_hbm ("nki.collectives.all_gather":
+    # "When LNC degree is 1, the srcs must be on private_hbm"), so step 0 copies its slab of
+    # x_t into the ring first; at LNC 2 the ring starts from x_t itself, a DMA fewer
+    seed = nl.num_programs() == 1
+
+    def src(s, c, k0, kl):
+        off, h = halves[c]
+        return x_t[k0:k0 + kl, off:off + h] if s == 0 and not seed else bufs[c][s % nb][k0:k0 + kl, 0:h]
+
     def send(s, k0, kl):
-        if s == 0:
+        if s == 0 and seed:
             for c, (off, h) in enumerate(halves):
                 nisa.dma_copy(dst=bufs[c][0][k0:k0 + kl, 0:h], src=x_t[k0:k0 + kl, off:off + h], name="ag_seed")
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[bufs[c][s % nb][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
+            srcs_by_channel=[[src(s, c, k0, kl)] for c in chans],
             dsts_by_channel=[[bufs[c][(s + 1) % nb][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
             replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
 

@@ -64,20 +64,21 @@ def _ring_buffers(halves, n: int, dt: Any, sdt: Any):
     return part, land, acc
 
 
+SUM_BUFFERS = 4  # on-chip ring: two partial buffers and two received-sum buffers, each [128, rows, columns]
+
+
 def sbuf_ring_plan(ms: int, k: int, n: int, halves, in_itemsize: int, sum_itemsize: int,
-                   sbuf_bytes: int) -> tuple[int, int, int, int] | None:
-    """``(column blocks, columns per matmul group, columns per send, slots)`` of the
-    on-chip ring (`_sbuf_ring`), or None when it does not apply.
+                   sbuf_bytes: int) -> tuple[int, int] | None:
+    """``(column blocks, columns per matmul group)`` of the on-chip ring (`_sbuf_ring`), or
+    None when it does not apply.
 
     It applies with K in whole 128-row tiles and each channel half either within one
     128-row tile or made of whole tiles, when within ``SBUF_SHARE`` of ``sbuf_bytes`` per
     partition fit a column block's resident weight ([128, K/128, N/blocks] in w's dtype),
-    two x chunks and its running-sum slots (in the sum dtype): one step's sends plus two in flight.
-    The fewest column blocks that fit (each runs the whole ring in turn, so a block holds
-    only its share of the weight and of the sums in flight). A matmul group spans at most
-    four PSUM banks (two groups double-buffer in the eight). A send spans the fewest
-    groups that keep two or more sends per step: every permute pays a hop latency, and
-    with one send per step the next step's sums would wait for the whole chunk to cross."""
+    two x chunks and ``SUM_BUFFERS`` sum buffers of the block (in the sum dtype). The
+    fewest column blocks that fit (each runs the whole ring in turn, so a block holds only
+    its share of the weight and of the sums). A matmul group spans at most four PSUM banks
+    (two groups double-buffer in the eight)."""
     if k % PMAX or not all(off // PMAX == (off + h - 1) // PMAX or (off % PMAX == 0 and h % PMAX == 0)
                            for off, h in halves):
         return None
@@ -87,63 +88,53 @@ def sbuf_ring_plan(ms: int, k: int, n: int, halves, in_itemsize: int, sum_itemsi
     kt = k // PMAX
     for blocks in (1, 2, 4):
         nb = -(-n // blocks)
-        cols = min(4 * MOVING_FMAX // rows, nb)
         fixed = (kt * nb + 2 * kt * ms) * in_itemsize
-        for sends in range(2, -(-nb // cols) + 1):
-            per_send = -(-nb // sends)
-            unit = -(-per_send // cols) * cols  # whole matmul groups
-            slots = -(-nb // unit) + 2
-            if fixed + rows * unit * slots * sum_itemsize <= sbuf_bytes * SBUF_SHARE:
-                return blocks, cols, unit, slots
+        if fixed + SUM_BUFFERS * rows * nb * sum_itemsize <= sbuf_bytes * SBUF_SHARE:
+            return blocks, min(4 * MOVING_FMAX // rows, nb)
     return None
 
 
-def _sbuf_buffers(ms: int, k: int, nb: int, unit: int, n_slots: int, dt, sdt):
+def _sbuf_buffers(ms: int, k: int, nb: int, dt, sdt):
     """The on-chip ring's SBUF tiles, shared by its column blocks: the weight block, two x
-    chunks, the running-sum slots, and the PSUM banks."""
+    chunks, two partial and two received-sum buffers, and the PSUM banks."""
     kt, rows = k // PMAX, -(-ms // PMAX)
+    sums = [nl.ndarray((PMAX, rows, nb), dtype=sdt, buffer=nl.sbuf, name=f"rs_sum{i}") for i in range(SUM_BUFFERS)]
     return (nl.ndarray((PMAX, kt, nb), dtype=dt, buffer=nl.sbuf, name="rs_w"),
             [nl.ndarray((PMAX, kt, ms), dtype=dt, buffer=nl.sbuf, name=f"rs_x{i}") for i in range(2)],
-            [nl.ndarray((PMAX, rows, unit), dtype=sdt, buffer=nl.sbuf, name=f"rs_slot{i}") for i in range(n_slots)],
+            sums[:2], sums[2:],
             [nl.ndarray((PMAX, MOVING_FMAX), dtype=nl.float32, buffer=nl.psum, name=f"rs_ps{i}")
              for i in range(PSUM_BANKS)])
 
 
-def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: int, bufs) -> None:
+def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, bufs) -> None:
     """The ring on chip: the running sums never touch HBM.
 
-    The weight stays in SBUF; at each step every column group of the chunk's partial goes
-    from PSUM into an SBUF slot with the sum received for it added (in place; the Vector
-    Engine adds in FP32 and rounds to the slot's sum dtype),
-    and each send unit of ``unit`` columns, once all its groups are in, goes on to the
-    successor's slot for the next step (collective_permute_implicit SBUF to SBUF, the
-    collectives pages' all-on-SBUF case); the last step adds the arriving sums in place
-    and stores them to z, the DMA converting the sum dtype to z's on the way where they
-    differ ("nki.isa.dma_copy": a DMA converts dtypes). Per step the core's DMA moves only the sums it
-    sends (the HBM ring also stores each partial and reads it back), which is what bounds
-    the ring at large TP degrees.
-
-    Slots: the sum received at step s for send unit u lands in slot ((s + 1) U + u) mod
-    ``n_slots`` (U units); the step s + 1 partial of unit u is added into it and sent from
-    it, so a slot is reused ``n_slots`` units later, after its send. ``bufs``: the tiles
-    (`_sbuf_buffers`), reused by the next column block."""
-    # ~90 lines with the docstring: one loop nest whose loads, matmuls, evacuations and
-    # sends share the slot arithmetic; split, each piece would take all of it as arguments
+    The weight stays in SBUF. At step s < tp - 1 the chunk's partial goes from PSUM into
+    the partial buffer ``part[s % 2]`` (a plain copy, rounded to the sum dtype), and one
+    collective_permute_implicit_reduce per step sends partial + the sum received at step
+    s - 1 to the successor's ``recv[s % 2]`` (step 0 sends the partial alone, with
+    collective_permute_implicit; SBUF to SBUF, the collectives pages' all-on-SBUF case).
+    The collective adds, so a step's matmuls and evacuations wait for no transfer: the
+    chain from one hop to the next is the transfer alone, and the matmuls of step s + 1
+    run while step s's sums cross (``part`` is double-buffered). The last step adds the
+    arriving sums to its own partial at evacuation (the Vector Engine adds in FP32) and
+    stores them to z, the DMA converting the sum dtype to z's on the way where they
+    differ ("nki.isa.dma_copy": a DMA converts dtypes). Per step the core's DMA moves only
+    the sums it sends (the HBM ring also stores each partial and reads it back), which is
+    what bounds the ring at large TP degrees. ``bufs``: the tiles (`_sbuf_buffers`),
+    reused by the next column block."""
+    # ~70 lines with the docstring: one loop nest whose loads, matmuls, evacuations and
+    # sends share the buffer arithmetic; split, each piece would take all of it as arguments
     k, n = w.shape
     kt = k // PMAX
-    units = tile_spans(n, unit)
     rows = tile_spans(ms, PMAX)
     chans = list(range(len(halves)))
-    w_sb, x_sb, slots, psum = bufs
-    n_slots = len(slots)
+    w_sb, x_sb, part, recv, psum = bufs
 
-    def slot(s: int, u: int):  # holds the sum received at step s for send unit u
-        return slots[((s + 1) * len(units) + u) % n_slots]
-
-    def half(t, c: int, width: int):  # channel c's rows of a [128, row tiles, cols] tile
+    def half(t, c: int):  # channel c's rows of a [128, row tiles, n] tile
         off, h = halves[c]
         r, p0 = divmod(off, PMAX)
-        return t[p0:p0 + h, r, 0:width] if p0 + h <= PMAX else t[0:PMAX, r:r + h // PMAX, 0:width]
+        return t[p0:p0 + h, r, 0:n] if p0 + h <= PMAX else t[0:PMAX, r:r + h // PMAX, 0:n]
 
     def load_x(s: int) -> None:
         # partition p, slot j holds contraction row p * kt + j, as for the weight (k_interleaved)
@@ -151,6 +142,17 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: in
             col = position_after(pos, s + 1, tp, c) * ms + off
             nisa.dma_copy(dst=x_sb[s % 2][0:PMAX, 0:kt, off:off + h], src=k_interleaved(x_t[0:k, col:col + h], kt),
                           name="rs_ld_x")
+
+    def send(s: int) -> None:  # one permute per step: each step pays one hop latency, as the ring alone does
+        dsts = [[half(recv[s % 2], c)] for c in chans]
+        mine = [[half(part[s % 2], c)] for c in chans]
+        if s == 0:
+            ncc.collective_permute_implicit(srcs_by_channel=mine, dsts_by_channel=dsts, replica_group=rg,
+                                            channel_ids=chans, name="rs_step0")
+        else:
+            ncc.collective_permute_implicit_reduce(
+                srcs0_by_channel=mine, srcs1_by_channel=[[half(recv[(s - 1) % 2], c)] for c in chans],
+                dsts_by_channel=dsts, replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
     load_x(0)
     for c0, cn in tile_spans(n, cols):  # group by group: the first matmul waits for one group's weight
         nisa.dma_copy(dst=w_sb[0:PMAX, 0:kt, c0:c0 + cn], src=k_interleaved(w[0:k, c0:c0 + cn], kt), name="rs_ld_w")
@@ -159,38 +161,32 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, unit: in
         if s + 1 < tp:
             load_x(s + 1)
         last = s == tp - 1
-        for u, (u0, un) in enumerate(units):
-            mine = slot(s - 1, u)  # step 0 fills the slot the predecessor's step -1 would have
-            got = mine if s else None  # the sum to add in place (none at step 0)
-            for g0, gn in tile_spans(un, cols):
-                banks = tile_spans(gn, MOVING_FMAX)
-                ps = [[psum[(q % 2) * (PSUM_BANKS // 2) + r * len(banks) + b] for b in range(len(banks))]
-                      for r in range(len(rows))]
-                q += 1
-                for j in range(kt):
-                    for r, (r0, rn) in enumerate(rows):
-                        for b, (b0, bn) in enumerate(banks):
-                            c0 = u0 + g0 + b0
-                            nisa.nc_matmul(ps[r][b][0:rn, 0:bn], x_sb[s % 2][0:PMAX, j, r0:r0 + rn],
-                                           w_sb[0:PMAX, j, c0:c0 + bn], accumulate=j > 0, name="rs_mm")
+        out = part[s % 2]
+        for g0, gn in tile_spans(n, cols):
+            banks = tile_spans(gn, MOVING_FMAX)
+            ps = [[psum[(q % 2) * (PSUM_BANKS // 2) + r * len(banks) + b] for b in range(len(banks))]
+                  for r in range(len(rows))]
+            q += 1
+            for j in range(kt):
                 for r, (r0, rn) in enumerate(rows):
                     for b, (b0, bn) in enumerate(banks):
-                        d, src = mine[0:rn, r, g0 + b0:g0 + b0 + bn], ps[r][b][0:rn, 0:bn]
+                        nisa.nc_matmul(ps[r][b][0:rn, 0:bn], x_sb[s % 2][0:PMAX, j, r0:r0 + rn],
+                                       w_sb[0:PMAX, j, g0 + b0:g0 + b0 + bn], accumulate=j > 0, name="rs_mm")
+            for r, (r0, rn) in enumerate(rows):
+                for b, (b0, bn) in enumerate(banks):
+                    d, src = out[0:rn, r, g0 + b0:g0 + b0 + bn], ps[r][b][0:rn, 0:bn]
+                    if last and tp > 1:
                         eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.gpsimd_engine
-                        if got is None:
-                            nisa.tensor_copy(d, src, engine=eng, name="rs_evac")
-                        else:
-                            nisa.tensor_tensor(d, src, got[0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add, engine=eng,
-                                               name="rs_evac_add")
-                if last:
-                    for r, (r0, rn) in enumerate(rows):
-                        nisa.dma_copy(dst=z[r0:r0 + rn, u0 + g0:u0 + g0 + gn], src=mine[0:rn, r, g0:g0 + gn],
-                                      name="rs_st")
-            if not last:
-                ncc.collective_permute_implicit(
-                    srcs_by_channel=[[half(mine, c, un)] for c in chans],
-                    dsts_by_channel=[[half(slot(s, u), c, un)] for c in chans],
-                    replica_group=rg, channel_ids=chans, name=f"rs_step{s}")
+                        nisa.tensor_tensor(d, src, recv[(s - 1) % 2][0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add,
+                                           engine=eng, name="rs_evac_add")
+                    else:
+                        eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.scalar_engine
+                        nisa.tensor_copy(d, src, engine=eng, name="rs_evac")
+            if last:
+                for r, (r0, rn) in enumerate(rows):
+                    nisa.dma_copy(dst=z[r0:r0 + rn, g0:g0 + gn], src=out[0:rn, r, g0:g0 + gn], name="rs_st")
+        if not last:
+            send(s)
 
 
 def _received(land: list, acc: list, c: int, s: int) -> Any:
@@ -279,12 +275,12 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     plan = sbuf_ring_plan(ms, k, n, halves, w.dtype.itemsize, sdt.itemsize, sbuf_bytes) if tp > 1 else None
     if plan is not None:
-        blocks, cols, unit, n_slots = plan
+        blocks, cols = plan
         spans = unit_pieces(n, cols, blocks)
-        bufs = _sbuf_buffers(ms, k, max(nb for _, nb in spans), unit, n_slots, w.dtype, sdt)
+        bufs = _sbuf_buffers(ms, k, max(nb for _, nb in spans), w.dtype, sdt)
         for b0, nb in spans:
             _sbuf_ring(x_t, w_mine[0:k, b0:b0 + nb], z[0:ms, col0 + b0:col0 + b0 + nb], rg, tp, pos, ms, halves,
-                       cols, unit, bufs)
+                       cols, bufs)
         return z
     part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
     tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True,

@@ -267,7 +267,7 @@ class MatmulPipeline:
         self._x_sbuf: Any = None
         self._w_key: Any = None
         self._pending: Any = None
-        self._hook: Any = None
+        self._stores: Any = None  # the evacuated group's stores, emitted after the next loads
         self._on_evac: Any = None
         self._deferred: list = []  # (call index of the evacuated group, fn)
         self._evac_call = 0
@@ -284,13 +284,15 @@ class MatmulPipeline:
 
     def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
                  side: Sequence[tuple[Any, Any]] = (), late: Sequence[tuple[Any, Any]] = (),
-                 lead: Sequence[Any] = (), hook: Any = None, flush: bool = True, w_key: Any = None, x_sbuf: Any = None,
+                 lead: Sequence[Any] = (), flush: bool = True, w_key: Any = None, x_sbuf: Any = None,
                  on_evac: Any = None) -> None:
         """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
 
-        The evacuation of a group (PSUM -> SBUF -> HBM) is emitted after the next group's
-        first K-block loads: the DMA queues serve in issue order, so stores waiting on the
-        last matmul would otherwise hold back the next group's loads.
+        The evacuation of a group (PSUM -> SBUF) is emitted after the next group's first
+        K-block loads and its stores (SBUF -> HBM) after the next K-block iteration's loads:
+        the DMA queues serve in issue order, and the loads feed the matmuls while a store
+        only frees a staging buffer, so a store issued first would hold back the loads the
+        Tensor Engine waits for.
 
         ``n_outer``: loop column groups outside row groups, so that output columns complete
         left to right (the reduce-scatter sends column pieces as they complete). ``side``:
@@ -298,14 +300,12 @@ class MatmulPipeline:
         evenly over the first half of the call's K-block iterations (a big copy issued at
         once would hold the matmul's loads back);
         ``late``: the same over the second half (for copies whose data arrives during the
-        call). ``hook``: called once, after the first group's first loads and the previous
-        call's last evacuation (the reduce-scatter sends the previous step's last piece
-        there). ``flush=False`` leaves the last group's evacuation pending until the next
+        call). ``flush=False`` leaves the last group's evacuation pending until the next
         call or `flush` (the caller must not read those outputs before). ``w_key``: names
         the weight for a resident tiling (a call with another key reloads it). ``x_sbuf``:
         x already on chip, a [128, K tiles, rows] tile in this pipeline's K layout
         (`k_major_copies`), the blocks' rows being its columns in order; no x loads.
-        ``on_evac(n0, ncols)``: called after each group's evacuation is emitted.
+        ``on_evac(n0, ncols)``: called after each group's stores are emitted.
         ``lead``: callables, the i-th emitted at the start of the call's K-block iteration i,
         before that iteration's loads (the expert kernel's first dispatch goes K block by K
         block, each slab just ahead of the loads that read it).
@@ -333,7 +333,7 @@ class MatmulPipeline:
         due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
         self._side, self._due, self._iter = list(side) + list(late), due, 0
         self._lead = list(lead)
-        self._hook, self._on_evac = hook, on_evac
+        self._on_evac = on_evac
         if x_sbuf is not None:
             want = (PMAX, len(self.k_tiles), sum(b.rows for b in blocks))
             assert tuple(x_sbuf.shape) == want, f"{self.name}: x_sbuf shape {tuple(x_sbuf.shape)} != {want}"
@@ -351,16 +351,13 @@ class MatmulPipeline:
         for item in self._side:
             self._emit_side(item)
         self._side = []
-        if self._hook is not None:
-            self.flush()
-            self._hook()
-            self._hook = None
         if flush:
             self.flush()
 
     def flush(self) -> None:
-        """Emit the pending evacuation of the last group, if any, and what `defer` holds."""
+        """Emit the pending evacuation and stores of the last group, if any, and what `defer` holds."""
         self._evac_pending()
+        self._store_pending()
         while self._deferred:
             self._deferred.pop(0)[1]()
 
@@ -368,6 +365,11 @@ class MatmulPipeline:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending()
+
+    def _store_pending(self) -> None:
+        if self._stores is not None:
+            stores, self._stores = self._stores, None
+            stores()
 
     def defer(self, fn: Any) -> None:
         """Emit ``fn()`` (instructions) at the next K-block iteration, one deferred call per
@@ -452,11 +454,9 @@ class MatmulPipeline:
                 self._due.pop(0)
                 self._emit_side(self._side.pop(0))
             self._iter += 1
+            self._store_pending()  # the group before's, now that these loads are queued
             if bi == 0:
                 self._evac_pending()
-                if self._hook is not None:
-                    self._hook()
-                    self._hook = None
             if self._deferred and bi > 0:
                 self._deferred.pop(0)[1]()
             if bi == len(self.k_blocks) // 2:
@@ -507,6 +507,7 @@ class MatmulPipeline:
     def _load_addends(self, mts: list, n0: int, ncols: int) -> Any:
         if not mts or mts[0][0][0].addend is None:
             return None
+        self._store_pending()  # its on_evac may defer the collective that writes the addend
         while self._deferred:  # what an addend reads may be written by a deferred collective
             self._deferred.pop(0)[1]()
         t = self.a_bufs[self._ai % len(self.a_bufs)]
@@ -516,6 +517,7 @@ class MatmulPipeline:
         return t
 
     def _evacuate(self, mts: list, nts: list, ps: list, adds: Any, on_evac: Any = None, call: int = 0) -> None:
+        self._store_pending()  # the group before's stores go first: one group's wait at a time
         n0 = nts[0][0]
         ncols = nts[-1][0] + nts[-1][1] - n0
         o = self.o_bufs[self._oi % len(self.o_bufs)]
@@ -532,6 +534,9 @@ class MatmulPipeline:
                     eng = nisa.vector_engine if self._ev % 2 == 0 else nisa.scalar_engine
                     self._ev += 1
                     nisa.tensor_copy(dst, src, engine=eng, name=f"{self.name}_evac")
+        self._stores = lambda: self._store(mts, o, n0, ncols, on_evac, call)
+
+    def _store(self, mts: list, o: Any, n0: int, ncols: int, on_evac: Any, call: int) -> None:
         for run in self._runs(mts):
             self._transfer(run[0].out, o, run, n0, ncols, True, "st")
         if on_evac is not None:

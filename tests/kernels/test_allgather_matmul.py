@@ -153,3 +153,16 @@ def test_channel_halves_put_a_direction_together():
     """Channels 0 and 2 (forward) take the first half of the rows, 1 and 3 (backward) the second."""
     assert channel_halves(128, 4, "t") == [(0, 32), (64, 32), (32, 32), (96, 32)]
     assert channel_halves(5, 2, "t") == [(0, 3), (3, 2)]
+
+
+def test_hbm_ring_seeds_from_the_input_at_lnc2_only(dtypes):
+    """The HBM ring (K not in whole tiles): at LNC 1 step 0 copies x_t into the ring buffer
+    (an LNC 1 collective's HBM sources are private HBM); at LNC 2 it sends from x_t."""
+    tp, dt = 4, dtypes["bf16"]
+    args = [(TensorSpec((K, 2 * MS), dt), TensorSpec((K, N), dt))] * tp
+    names = {}
+    for lnc in (1, 2):
+        res = run_ranks(allgather_matmul, args, kwargs={"groups": (tuple(range(tp)),), "channels": 2},
+                        numerics=False, lnc=lnc, timeout_s=120.0)
+        names[lnc] = {i.name for c in res.timeline.cores for i in c.instructions}
+    assert "ag_seed" in names[1] and "ag_seed" not in names[2], names

@@ -188,16 +188,20 @@ def test_on_chip_ring_matches_reference(tp, ms, k, n, channels, rng, make_tensor
 
 def test_on_chip_ring_keeps_the_partials_out_of_hbm(dtypes):
     """At 405B's TP64 shape (cut to 4 ranks) the on-chip ring's DMA moves the sums it sends
-    and the operands, nothing more: no partial is stored and read back."""
+    and the operands, nothing more: no partial is stored and read back (x is read once per
+    column block)."""
+    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.ring import channel_halves
     dt = dtypes["bf16"]
     tp, ms, k, n = 4, 128, 256, 16384
+    blocks, _ = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 2, 224 * 1024)
     args = [(TensorSpec((k, tp * ms), dt), TensorSpec((k, n), dt))] * tp
     res = _run(matmul_reduce_scatter, args, (tuple(range(tp)),), numerics=False, channels=2)
     core = res.timeline.cores[0]
     names = {i.name for i in core.instructions if i.engine == "DMA"}
     assert names == {"rs_ld_x", "rs_ld_w", "rs_st"}, names
     sent = (tp - 1) * ms * n * 2  # BF16 sums (the data's dtype), every step but the last
-    operands = tp * ms * k * 2 + k * n * 2 + ms * n * 2  # the store reads the BF16 sums
+    operands = blocks * tp * ms * k * 2 + k * n * 2 + ms * n * 2  # the store reads the BF16 sums
     assert core.busy["DMA"] == pytest.approx((sent + operands) / 368e9, rel=0.01)
 
 
@@ -209,7 +213,7 @@ def test_on_chip_ring_in_column_blocks(ms, k, n, rng, make_tensor, assert_close,
     from trnopt.kernels.ring import channel_halves
     sbuf, tp, dt = 64 * 1024, 2, dtypes["bf16"]
     plan = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 4, sbuf)
-    assert plan is not None and plan[0] == 2, plan
+    assert plan is not None and plan[0] >= 2, plan
     xs, ws = _inputs(rng, make_tensor, tp, dt, k=k, ms=ms, n=n)
     res = _run(matmul_reduce_scatter, [(xs[r], ws[r]) for r in range(tp)], ((0, 1),), channels=2, sbuf_bytes=sbuf)
     ref = matmul_reduce_scatter_reference(xs, ws)
@@ -222,3 +226,23 @@ def test_four_channels_match_reference(tp, ms, k, n, rng, make_tensor, assert_cl
     """Four channels (both directions of two rings, as a group of a whole node may use):
     the on-chip ring (whole 128-row K tiles) and the HBM ring (ragged K)."""
     _check(tp, dtypes["bf16"], 4, rng, make_tensor, assert_close, ms=ms, k=k, n=n)
+
+
+def test_on_chip_ring_adds_in_the_collective(dtypes):
+    """One permute per step and channel, the reduction done by the collective: step 0 sends
+    the partial alone, steps 1 .. tp-2 send partial + received sum; only the last step adds
+    on an engine (its own chunk, at evacuation)."""
+    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.ring import channel_halves
+    dt = dtypes["bf16"]
+    tp, ms, k, n = 5, 128, 256, 4096
+    blocks, _ = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 2, 224 * 1024)
+    args = [(TensorSpec((k, tp * ms), dt), TensorSpec((k, n), dt))] * tp
+    ins = _run(matmul_reduce_scatter, args, (tuple(range(tp)),), numerics=False, channels=2).timeline.cores[0].instructions
+    for ch in ("CC0", "CC1"):
+        ops = [i.op for i in ins if i.engine == ch]
+        assert ops.count("collective_permute_implicit") == blocks, ops
+        assert ops.count("collective_permute_implicit_reduce") == (tp - 2) * blocks, ops
+    adds = [i for i in ins if i.name == "rs_evac_add"]
+    copies = [i for i in ins if i.name == "rs_evac"]
+    assert len(copies) == (tp - 1) * len(adds), (len(copies), len(adds))  # every step's evacuations but the last's copy
