@@ -175,7 +175,7 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, bufs) ->
             for r, (r0, rn) in enumerate(rows):
                 for b, (b0, bn) in enumerate(banks):
                     d, src = out[0:rn, r, g0 + b0:g0 + b0 + bn], ps[r][b][0:rn, 0:bn]
-                    if last and tp > 1:
+                    if last:  # the plan is for rings of two or more
                         eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.gpsimd_engine
                         nisa.tensor_tensor(d, src, recv[(s - 1) % 2][0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add,
                                            engine=eng, name="rs_evac_add")

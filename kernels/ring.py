@@ -28,7 +28,7 @@ SLAB_BYTES = 512 * 1024
 
 def replica_group(groups: Sequence[Sequence[int]], channels: int, what: str):
     """``(ReplicaGroup, ring size)`` for a ring kernel ``what``, asserting rank-lists of equal
-    size and ``channels`` in (1, 2)."""
+    size and ``channels`` in (1, 2, 4)."""
     sizes = {len(g) for g in groups}
     assert len(sizes) == 1, f"{what}: replica groups must have equal sizes, got {[len(g) for g in groups]}"
     assert channels in (1, 2, 4), f"{what}: channels must be 1, 2 or 4, got {channels}"
