@@ -1,14 +1,14 @@
 """All-gather + matmul: the column-parallel linear with sequence-parallel input.
 
 Y = all_gather(X shards along M) @ W_shard, computed as a ring: each rank multiplies the
-shard in hand while the next shard moves to it over the ring (double buffering), so the
-all-gather hides behind the matmul. One channel runs the ring one way; two channels split
-every shard's rows in halves and run the ring both ways at once (both directions of a
-torus ring), halving the bytes per link per step; four channels (a group of a whole
-node: both directions of two rings) split them in quarters, a direction's two quarters
-adjacent so each step still stores one span per direction. The parts in hand at a step
-fill one stationary tile together (`tiling.pack_rows`), so small shards at large TP
-degree still run the matmul at its full rate.
+shards in hand while the next ones move to it over the ring (double buffering), so the
+all-gather hides behind the matmul. One channel runs the ring one way; two channels run
+it both ways at once (both directions of a torus ring), a shard from each side per step,
+so the ring takes about half the steps and pays half the hop latencies for the same bytes
+per link; four channels (a group of a whole node: both directions of two rings) split
+each direction's shard in halves (`ring.gather_steps`). The chunks in hand at a step fill
+one stationary tile together (`tiling.pack_rows`), so small shards at large TP degree
+still run the matmul at its full rate.
 
 Kernels here (references in `trnopt.kernels.references`):
 - `allgather_matmul`: the fused ring kernel.
@@ -18,15 +18,18 @@ Kernels here (references in `trnopt.kernels.references`):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
-from trnopt.kernels.ring import SLAB_BYTES, channel_halves, position_after, program_share, ring_setup
+from trnopt.kernels.ring import SLAB_BYTES, gather_steps, position_after, program_share, ring_setup
 from trnopt.kernels.tiling import (PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline,
                                    RowBlock, choose_tiling, loads_outlast_matmul, matmul_operands, unit_pieces)
 
 
 @nki.jit
-def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TRN2):
+def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TRN2, both_ways=None):
     """Y = all_gather(X shards along M) @ W_shard, the all-gather hidden in a ring.
 
     Dimensions:
@@ -41,27 +44,31 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
             semantics). The order of a rank-list is the ring order and the shard order:
             the shard of the rank at list position i is rows i*M_shard.. of X, as
             ncc.all_gather concatenates.
-        channels: 1 (ring one way), 2 (each shard's rows split in halves, the first half
-            going forward around the ring on channel 0 and the second backward on channel 1)
-            or up to 4 (even channels forward, odd backward; `ring.channel_halves`).
+        channels: 1 (the ring one way), 2 (both ways: shards from predecessors arrive on
+            channel 0, from successors on channel 1) or 4 (even channels forward, odd
+            backward, each direction's two taking halves of a shard); `ring.gather_steps`.
         pieces: each ring step moves its chunk in up to this many K-row slabs (of whole
             128-row tiles), so the next step's matmul can start on the first slab while
             the rest still moves; every slab pays the hop latency, and a large slab takes
             the DMA bandwidth from the matmul's loads for long. None: slabs of about
             `SLAB_BYTES` per channel.
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
+        both_ways: with 2 or 4 channels, whole shards each way in about tp/2 steps (True)
+            or every shard all the way round in halves (False); `ring.gather_steps`.
+            None: `ring.both_ways_pays`.
 
     Returns:
         Y: [M, N_shard] in w's dtype, shared HBM.
 
-    Decomposition: step s = 0..tp-1 multiplies the shard (or half-shards) received s hops
-    away, whose rows start at position_after(pos, s) * M_shard (ring-position arithmetic,
-    `trnopt.kernels.ring`), while collective_permute_implicit moves it on to the successor.
-    When two or three shards fit in SBUF beside the matmul's tiles (small shards, large TP
-    degree) the ring runs on chip and the matmul reads the shard in place (`_sbuf_ring`);
-    otherwise through two HBM ring buffers per channel, slab by slab (`_hbm_ring`; step 0
-    multiplies x_t directly and at LNC 1 copies it into the ring, whose sources must be
-    private HBM there).
+    Decomposition: step 0 multiplies the rank's own shard; step s multiplies the shards
+    in hand after s hops (`ring.gather_steps`: with two or more channels the ring runs both
+    ways, so a step brings two shards and the ring takes about tp/2 steps), whose rows
+    start at position_after(pos, s) * M_shard (ring-position arithmetic, `trnopt.kernels.ring`),
+    while collective_permute_implicit moves them on. When two or three steps' shards fit
+    in SBUF beside the matmul's tiles (small shards, large TP degree) the ring runs on chip
+    and the matmul reads the shards in place (`_sbuf_ring`); otherwise through two HBM ring
+    buffers per channel, slab by slab (`_hbm_ring`; step 0 multiplies x_t directly and at
+    LNC 1 copies it for the ring, whose sources must be private HBM there).
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2, 4) and
     M_shard >= channels x programs; pieces >= 1; rank-lists of equal size; LNC 1 or 2 (at LNC 2
@@ -70,137 +77,214 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
     k, ms, n = matmul_operands(x_t, w)
     rg, tp, pos = ring_setup(groups, channels, "allgather_matmul")
     base, mine = program_share(ms, "allgather_matmul")
-    halves = [(base + off, h) for off, h in channel_halves(mine, channels, "allgather_matmul")]
+    assert mine >= channels, f"allgather_matmul: {mine} rows per program cannot be split over {channels} channels"
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     y = nl.ndarray((tp * ms, n), dtype=w.dtype, buffer=nl.shared_hbm, name="y")
-    # W streams through SBUF once per call and row group. At LNC 2 each core has half the
-    # rows of a shard, so where a call of one shard is bound by its loads and the ring's
-    # transfers, a call multiplies two steps' shards (the rows of one LNC 1 step), within
-    # one PSUM row group. (Grouping shards the same way at LNC 1 measured slower in the
-    # simulator, 405B at TP64 hiding 0.21 instead of 1.04, so it is kept to LNC 2.)
-    per_call = 1
-    while per_call < nl.num_programs() and (per_call + 1) * mine <= STATIONARY_FMAX * PSUM_BANKS:
-        rows = per_call * mine
-        t = choose_tiling(rows, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
-        if not loads_outlast_matmul(rows, k, n, x_t.dtype.itemsize, t, rows * k * x_t.dtype.itemsize):
-            break
-        per_call += 1
-    calls = ring_calls(tp, per_call)
-    tiling = choose_tiling(per_call * mine, k, n, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes=sbuf_bytes)
-    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, name="ag")
-    # On-chip ring buffers of per_call shards each: three when they fit (a transfer then
-    # waits only for the matmul two calls back), else two, else the ring goes through HBM.
-    shard = len(pipe.k_tiles) * mine * x_t.dtype.itemsize  # this program's rows of a shard
-    room = sbuf_bytes * SBUF_SHARE - tiling.sbuf_bytes(k, n, x_t.dtype.itemsize, w.dtype.itemsize)
-    n_bufs = max((b for b in (3, 2) if b * per_call * shard <= room), default=0) \
-        if tp > 1 and k % PMAX == 0 else 0
+    plan = gather_plan(k, base, mine, n, tp, channels, x_t.dtype.itemsize, w.dtype.itemsize, sbuf_bytes, both_ways)
+    steps, calls, n_bufs = plan.steps, plan.calls, plan.n_bufs
+    pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, plan.tiling, name="ag")
     if n_bufs:
-        _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs, calls)
+        _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls)
     else:
-        slab = halves[0][1] * x_t.dtype.itemsize * PMAX  # bytes of one 128-row tile of a half-shard
+        widest_chunk = max(ch.rows for st in steps[1:] for ch in st) if tp > 1 else mine
+        slab = widest_chunk * x_t.dtype.itemsize * PMAX  # bytes of one 128-row tile of a channel's chunk
         parts = pieces if pieces is not None else -(-len(pipe.k_tiles) * slab // SLAB_BYTES)
-        _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, unit_pieces(k, PMAX, parts), calls)
+        _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, unit_pieces(k, PMAX, parts), calls)
     return y
 
 
-def _blocks(y, tp, pos, s, halves, ms, n, chunk):
-    """The row blocks of ring step ``s``, in row order: one per channel, or, where the rows
-    come from SBUF (``chunk`` gives None), one per ring direction, its channels' rows being
-    adjacent (`ring.channel_halves`): one store to y per direction and step."""
-    on_chip = chunk(0, *halves[0]) is None
-    spans: list[list[int]] = []  # [channel, offset, rows]
-    for c, (off, h) in sorted(enumerate(halves), key=lambda e: e[1][0]):
+@dataclass(frozen=True)
+class GatherPlan:
+    """How `allgather_matmul` runs its ring for one shape (`gather_plan`)."""
+
+    steps: list  #: `ring.gather_steps`: the chunks in hand at each step
+    calls: list  #: the steps each pipeline call multiplies (`ring_calls`)
+    tiling: Any  #: the matmul's `tiling.MatmulTiling`
+    n_bufs: int  #: on-chip ring buffers (3 or 2), or 0: the ring goes through HBM
+    both_ways: bool  #: whole shards both ways (`ring.gather_steps`)
+
+
+def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, itemsize: int, out_itemsize: int,
+                sbuf_bytes: int, both_ways: bool | None = None) -> GatherPlan:
+    """The ring schedule, pipeline calls, tiling and ring buffers of `allgather_matmul` for a
+    program holding rows ``base..base+mine`` of each [k, M_shard] shard and a [k, n] weight.
+
+    The ring runs on chip when two or three calls' shards fit in SBUF beside the matmul's
+    tiles (three: a transfer then waits only for the matmul two calls back), else through
+    HBM. With ``both_ways`` None it runs whole shards both ways (half the hop latencies)
+    when that ring fits on chip, else every shard all the way round in halves: through
+    HBM each step's shards are loaded again and step 0 would send twice the bytes while
+    loading x and w, where the DMA bandwidth, not the links, bounds the step. (Measured in
+    the simulator, Llama 3 70B/405B shapes at TP 4-64: through HBM both ways hid less in
+    every row, on chip as much or more.)
+
+    At LNC 2 a call of one step may be bound by its loads and the ring's transfers (each
+    core has half the rows); then a call multiplies two steps' shards, within one PSUM row
+    group, or one step where two do not fit on chip. (Grouping steps at LNC 1 measured
+    slower in the simulator, so it is kept to LNC 2.)"""
+    ways = [True, False] if both_ways is None and channels > 1 else [bool(both_ways) and channels > 1]
+    fallback = None  # through HBM: the last way tried (halves where there is a choice)
+    for way in ways:
+        steps = gather_steps(base, mine, tp, channels, way)
+        widest = max(step_width(st) for st in steps)
+        per_call = 1
+        while per_call < nl.num_programs() and (per_call + 1) * widest <= STATIONARY_FMAX * PSUM_BANKS:
+            rows = per_call * widest
+            t = choose_tiling(rows, k, n, itemsize, out_itemsize, sbuf_bytes=sbuf_bytes)
+            if not loads_outlast_matmul(rows, k, n, itemsize, t, rows * k * itemsize):
+                break
+            per_call += 1
+        for group in range(per_call, 0, -1):
+            calls = ring_calls(len(steps), group)
+            call_rows = max(sum(step_width(steps[s]) for s in c) for c in calls)
+            tiling = choose_tiling(call_rows, k, n, itemsize, out_itemsize, sbuf_bytes=sbuf_bytes)
+            room = sbuf_bytes * SBUF_SHARE - tiling.sbuf_bytes(k, n, itemsize, out_itemsize)
+            call_bytes = -(-k // PMAX) * call_rows * itemsize  # per partition
+            n_bufs = max((b for b in (3, 2) if b * call_bytes <= room), default=0) \
+                if tp > 1 and k % PMAX == 0 else 0
+            if n_bufs:
+                return GatherPlan(steps, calls, tiling, n_bufs, way)
+            if group == per_call:
+                fallback = GatherPlan(steps, calls, tiling, 0, way)
+    return fallback
+
+
+def step_width(step) -> int:
+    """Rows a ring step has in hand: its chunks' span in the step's buffer."""
+    return max(ch.slot + ch.rows for ch in step)
+
+
+def _held(steps, s: int, ch):
+    """``(chunk of step s that holds the rows of ch, first of them within it)``: the rows a
+    channel forwards at step s + 1 are part of what it received at step s (own rows at 0)."""
+    prev = steps[s][0] if s == 0 else next(p for p in steps[s] if p.channel == ch.channel)
+    assert prev.offset <= ch.offset and ch.offset + ch.rows <= prev.offset + prev.rows, (
+        f"allgather ring: channel {ch.channel} forwards rows {ch.offset}+{ch.rows} it does not hold at step {s}")
+    return prev, ch.offset - prev.offset
+
+
+def _blocks(y, tp, pos, s, step, ms, n, source):
+    """The row blocks of ring step ``s``, in slot order. ``source(chunk)`` gives a chunk's
+    rows (None where they come from SBUF); there, chunks from one ring side adjacent in
+    both shard rows and slots share one block (one store to y per direction and step)."""
+    spans: list[list] = []  # [chunk, rows]
+    for ch in step:
         last = spans[-1] if spans else None
-        if on_chip and last and last[0] % 2 == c % 2 and last[1] + last[2] == off:
-            last[2] += h
+        if source(ch) is None and last and last[0].side == ch.side and \
+                last[0].offset + last[1] == ch.offset and last[0].slot + last[1] == ch.slot:
+            last[1] += ch.rows
         else:
-            spans.append([c, off, h])
-    return [RowBlock(chunk(c, off, h), y[row:row + h, 0:n]) for c, off, h in spans
-            for row in [position_after(pos, s, tp, c) * ms + off]]
+            spans.append([ch, ch.rows])
+    return [RowBlock(source(ch), y[row:row + h, 0:n]) for ch, h in spans
+            for row in [position_after(pos, s, tp, ch.side) * ms + ch.offset]]
 
 
-def ring_calls(tp: int, per_call: int) -> list[range]:
+def ring_calls(n_steps: int, per_call: int) -> list[range]:
     """The ring steps each pipeline call multiplies: one step per call, or the first step
     alone and then ``per_call`` at a time ([0], [1, 2], [3, 4], ... for 2), so the first
     call starts on the rank's own shard and every later call's shards arrive during the
     call before it."""
     if per_call == 1:
-        return [range(s, s + 1) for s in range(tp)]
-    return [range(0, 1)] + [range(s, min(tp, s + per_call)) for s in range(1, tp, per_call)]
+        return [range(s, s + 1) for s in range(n_steps)]
+    return [range(0, 1)] + [range(s, min(n_steps, s + per_call)) for s in range(1, n_steps, per_call)]
 
 
-def _sbuf_ring(x_t, w, y, rg, tp, pos, halves, pipe, n_bufs, calls):
+def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
     """The ring on chip: shards move SBUF to SBUF in the matmul's K layout and the matmul
-    reads them in place (no reload from HBM), both channel halves side by side; one
-    buffer per call ([128, K tiles, the call's shards x this program's rows]), ``n_bufs``
-    of them in turn. The transfers that deliver the next call's shards are issued before
-    a call's matmul: each waits only for its data and for the successor to finish
-    reading its buffer."""
+    reads them in place (no reload from HBM); one buffer per call ([128, K tiles, the
+    call's rows], its steps side by side), ``n_bufs`` of them in turn. The transfers that
+    deliver the next call's shards are issued before a call's matmul: each waits only for
+    its data and for the successor to finish reading its buffer."""
     k, ms = x_t.shape
     n = w.shape[1]
-    chans = list(range(len(halves)))
     kt = len(pipe.k_tiles)
-    base = halves[0][0]  # the program's rows are columns base.. of the shard, 0.. of its slots
-    mine = sum(h for _, h in halves)
-    width = max(len(c) for c in calls) * mine
+    width = max(sum(step_width(steps[s]) for s in c) for c in calls)
     bufs = [nl.ndarray((PMAX, kt, width), dtype=x_t.dtype, buffer=nl.sbuf, name=f"ring_sb{i}")
             for i in range(n_bufs)]
-    where = {s: (i, j) for i, steps in enumerate(calls) for j, s in enumerate(steps)}
+    first = {}  # step -> (call, first column of the step in the call's buffer)
+    for i, c in enumerate(calls):
+        col = 0
+        for s in c:
+            first[s] = (i, col)
+            col += step_width(steps[s])
 
-    def at(s, off, h):
-        i, j = where[s]
-        c0 = j * mine + off - base
-        return bufs[i % n_bufs][0:PMAX, 0:kt, c0:c0 + h]
+    def at(s, slot, rows, t0=0, t1=kt):
+        i, c0 = first[s]
+        return bufs[i % n_bufs][0:PMAX, t0:t1, c0 + slot:c0 + slot + rows]
 
-    for dst, src in pipe.k_major_copies(bufs[0][0:PMAX, 0:kt, 0:mine], x_t[0:k, base:base + mine]):
+    # The first and last transfers go in two K halves: the first half of step 1 leaves
+    # while the own shard's second half still loads, and the last step's matmul starts on
+    # the first half while the second still moves (one hop latency more each: only the
+    # ring's fill and drain, where nothing else hides it).
+    halves = [(0, kt // 2), (kt // 2, kt)] if kt >= 2 else [(0, kt)]
+
+    own = steps[0][0]
+    for dst, src in pipe.k_major_copies(at(0, 0, own.rows), x_t[0:k, own.offset:own.offset + own.rows]):
         nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")
-    for i, steps in enumerate(calls):
+    def send(s, t0, t1):  # deliver K tiles t0..t1 of step s's chunks
+        srcs = []
+        for ch in steps[s]:
+            prev, lo = _held(steps, s - 1, ch)
+            srcs.append([at(s - 1, prev.slot + lo, ch.rows, t0, t1)])
+        ncc.collective_permute_implicit(
+            srcs_by_channel=srcs, dsts_by_channel=[[at(s, ch.slot, ch.rows, t0, t1)] for ch in steps[s]],
+            replica_group=rg, channel_ids=[ch.channel for ch in steps[s]], name=f"ag_step{s - 1}")
+
+    for i, c in enumerate(calls):
         for s in (calls[i + 1] if i + 1 < len(calls) else ()):  # deliver the next call's shards
-            ncc.collective_permute_implicit(
-                srcs_by_channel=[[at(s - 1, off, h)] for off, h in halves],
-                dsts_by_channel=[[at(s, off, h)] for off, h in halves],
-                replica_group=rg, channel_ids=chans, name=f"ag_step{s - 1}")
-        blocks = [b for s in steps for b in _blocks(y, tp, pos, s, halves, ms, n, lambda c, off, h: None)]
-        pipe(blocks, w, x_sbuf=bufs[i % n_bufs][0:PMAX, 0:kt, 0:len(steps) * mine], flush=i == len(calls) - 1)
+            for t0, t1 in (halves if s in (1, len(steps) - 1) else [(0, kt)]):
+                send(s, t0, t1)
+        blocks = [b for s in c for b in _blocks(y, tp, pos, s, steps[s], ms, n, lambda ch: None)]
+        rows = sum(step_width(steps[s]) for s in c)
+        pipe(blocks, w, x_sbuf=bufs[i % n_bufs][0:PMAX, 0:kt, 0:rows], flush=i == len(calls) - 1)
 
 
-def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs, calls):
+def _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, slabs, calls):
     """The ring through HBM buffers (shards too large for SBUF), slab by slab: while a call
     multiplies its shards, the slabs that deliver the next call's shards go on to the
-    successor, interleaved with its loads (side actions spread over the whole call), so
+    successors, interleaved with its loads (side actions spread over the whole call), so
     each slab's share of the DMA bandwidth is small and arrives in K order for the next
-    call. Buffers per channel: the shards of two calls (the one running and the next,
-    arriving). At LNC 1 step 0 copies its slab of x_t into the ring buffer first (the
-    sources of an LNC 1 collective are private HBM); at LNC 2 it sends from x_t."""
+    call. Buffers per channel: the chunks of two calls (the one running and the next,
+    arriving). At LNC 1 step 0 copies each slab of x_t for the ring first (the sources of
+    an LNC 1 collective are private HBM); at LNC 2 the ring starts from x_t itself."""
     k, ms = x_t.shape
     n = w.shape[1]
-    chans = list(range(len(halves)))
+    own = steps[0][0]
+    chans = sorted({ch.channel for st in steps[1:] for ch in st})
     nb = 2 * max(len(c) for c in calls)
-    bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(nb)]
-            for c, (_, h) in enumerate(halves)]
-
+    rows = {c: max(ch.rows for st in steps[1:] for ch in st if ch.channel == c) for c in chans}
+    bufs = {c: [nl.ndarray((k, rows[c]), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}")
+                for i in range(nb)] for c in chans}
     # at LNC 1 collective srcs on HBM must be private_hbm ("nki.collectives.all_gather":
     # "When LNC degree is 1, the srcs must be on private_hbm"), so step 0 copies its slab of
-    # x_t into the ring first; at LNC 2 the ring starts from x_t itself, a DMA fewer
-    seed = nl.num_programs() == 1
+    # x_t for the ring first; at LNC 2 the ring starts from x_t itself, a DMA fewer
+    seed = nl.ndarray((k, own.rows), dtype=x_t.dtype, buffer=nl.private_hbm, name="ag_seed") \
+        if nl.num_programs() == 1 and chans else None
 
-    def src(s, c, k0, kl):
-        off, h = halves[c]
-        return x_t[k0:k0 + kl, off:off + h] if s == 0 and not seed else bufs[c][s % nb][k0:k0 + kl, 0:h]
+    def src(s, ch, k0, kl):  # the rows of chunk ch (of step s + 1) held at step s
+        prev, lo = _held(steps, s, ch)
+        if s > 0:
+            return bufs[ch.channel][s % nb][k0:k0 + kl, lo:lo + ch.rows]
+        if seed is not None:
+            return seed[k0:k0 + kl, lo:lo + ch.rows]
+        return x_t[k0:k0 + kl, ch.offset:ch.offset + ch.rows]
 
     def send(s, k0, kl):
-        if s == 0 and seed:
-            for c, (off, h) in enumerate(halves):
-                nisa.dma_copy(dst=bufs[c][0][k0:k0 + kl, 0:h], src=x_t[k0:k0 + kl, off:off + h], name="ag_seed")
+        if s == 0 and seed is not None:
+            nisa.dma_copy(dst=seed[k0:k0 + kl, 0:own.rows], src=x_t[k0:k0 + kl, own.offset:own.offset + own.rows],
+                          name="ag_seed")
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[src(s, c, k0, kl)] for c in chans],
-            dsts_by_channel=[[bufs[c][(s + 1) % nb][k0:k0 + kl, 0:h]] for c, (_, h) in enumerate(halves)],
-            replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
+            srcs_by_channel=[[src(s, ch, k0, kl)] for ch in steps[s + 1]],
+            dsts_by_channel=[[bufs[ch.channel][(s + 1) % nb][k0:k0 + kl, 0:ch.rows]] for ch in steps[s + 1]],
+            replica_group=rg, channel_ids=[ch.channel for ch in steps[s + 1]], name=f"ag_step{s}")
 
-    for i, steps in enumerate(calls):
-        blocks = [b for s in steps for b in _blocks(
-            y, tp, pos, s, halves, ms, n,
-            (lambda c, off, h: x_t[0:k, off:off + h]) if s == 0 else (lambda c, off, h, s=s: bufs[c][s % nb]))]
+    def source(s):
+        if s == 0:
+            return lambda ch: x_t[0:k, ch.offset:ch.offset + ch.rows]
+        return lambda ch: bufs[ch.channel][s % nb][0:k, 0:ch.rows]
+
+    for i, c in enumerate(calls):
+        blocks = [b for s in c for b in _blocks(y, tp, pos, s, steps[s], ms, n, source(s))]
         todo = [lambda s=s, k0=k0, kl=kl: send(s - 1, k0, kl)
                 for s in (calls[i + 1] if i + 1 < len(calls) else ()) for k0, kl in slabs]
         half = (len(todo) + 1) // 2  # spread over the whole call: slab j is needed at block j of the next
@@ -208,42 +292,59 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, halves, pipe, slabs, calls):
 
 
 @nki.jit
-def allgather_ring(x_t, groups, channels=1):
+def allgather_ring(x_t, groups, channels=1, n=None, sbuf_bytes=SBUF_TRN2, both_ways=None):
     """The collective alone: G = all_gather of the K-major shards along M, as a ring.
 
     Args:
         x_t: [K, M_shard], this rank's shard, HBM.
-        groups, channels: as in `allgather_matmul`.
+        groups, channels, sbuf_bytes, both_ways: as in `allgather_matmul`.
+        n: the columns of the weight `allgather_matmul` multiplies the gathered X by; the
+            ring schedule is the one it would run (`gather_plan`). None: the halves
+            schedule (every shard all the way round) unless ``both_ways``.
 
     Returns:
         G: [K, tp * M_shard], shard of list position i in columns i*M_shard.., shared HBM.
 
-    Decomposition: the ring schedule of `allgather_matmul` (whole chunks: the fewest hop
-    latencies) with the matmul replaced by a DMA of the chunk in hand into G.
-    Preconditions as in `allgather_matmul`.
+    Decomposition: the ring schedule of `allgather_matmul` (`ring.gather_steps`, whole
+    chunks: the fewest hop latencies) with the matmul replaced by a DMA of the chunks in
+    hand into G. Preconditions as in `allgather_matmul`.
     """
     assert len(x_t.shape) == 2, f"x_t must be 2-D, got {tuple(x_t.shape)}"
     k, ms = x_t.shape
     rg, tp, pos = ring_setup(groups, channels, "allgather_ring")
     base, mine = program_share(ms, "allgather_ring")
-    halves = [(base + off, h) for off, h in channel_halves(mine, channels, "allgather_ring")]
+    assert mine >= channels, f"allgather_ring: {mine} rows per program cannot be split over {channels} channels"
+    if n is not None:
+        steps = gather_plan(k, base, mine, n, tp, channels, x_t.dtype.itemsize, x_t.dtype.itemsize, sbuf_bytes,
+                            both_ways).steps
+    else:
+        steps = gather_steps(base, mine, tp, channels, bool(both_ways))
     g_out = nl.ndarray((k, tp * ms), dtype=x_t.dtype, buffer=nl.shared_hbm, name="gathered")
-    chans = list(range(channels))
-    bufs = [[nl.ndarray((k, h), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
-            for c, (_, h) in enumerate(halves)]
-    if tp > 1:
-        for c, (off, h) in enumerate(halves):
-            nisa.dma_copy(dst=bufs[c][0], src=x_t[0:k, off:off + h], name="ring_seed")
-    for s in range(tp):
-        if s < tp - 1:
+    chans = sorted({ch.channel for st in steps[1:] for ch in st})
+    bufs = {c: [nl.ndarray((k, max(ch.rows for st in steps[1:] for ch in st if ch.channel == c)),
+                           dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
+            for c in chans}
+    own = steps[0][0]
+    seed = None
+    if chans and nl.num_programs() == 1:  # private-HBM sources at LNC 1, as in allgather_matmul
+        seed = nl.ndarray((k, own.rows), dtype=x_t.dtype, buffer=nl.private_hbm, name="ring_seed")
+        nisa.dma_copy(dst=seed, src=x_t[0:k, own.offset:own.offset + own.rows], name="ring_seed")
+    for s, step in enumerate(steps):
+        if s + 1 < len(steps):
+            srcs = []
+            for ch in steps[s + 1]:
+                _, lo = _held(steps, s, ch)
+                srcs.append([bufs[ch.channel][s % 2][0:k, lo:lo + ch.rows] if s else
+                             seed[0:k, lo:lo + ch.rows] if seed is not None else
+                             x_t[0:k, ch.offset:ch.offset + ch.rows]])
             ncc.collective_permute_implicit(
-                srcs_by_channel=[[bufs[c][s % 2]] for c in chans],
-                dsts_by_channel=[[bufs[c][(s + 1) % 2]] for c in chans],
-                replica_group=rg, channel_ids=chans, name=f"ag_step{s}")
-        for c, (off, h) in enumerate(halves):
-            col = position_after(pos, s, tp, c) * ms + off
-            chunk = x_t[0:k, off:off + h] if s == 0 else bufs[c][s % 2]
-            nisa.dma_copy(dst=g_out[0:k, col:col + h], src=chunk, name="ag_place")
+                srcs_by_channel=srcs,
+                dsts_by_channel=[[bufs[ch.channel][(s + 1) % 2][0:k, 0:ch.rows]] for ch in steps[s + 1]],
+                replica_group=rg, channel_ids=[ch.channel for ch in steps[s + 1]], name=f"ag_step{s}")
+        for ch in step:
+            col = position_after(pos, s, tp, ch.side) * ms + ch.offset
+            chunk = x_t[0:k, ch.offset:ch.offset + ch.rows] if s == 0 else bufs[ch.channel][s % 2][0:k, 0:ch.rows]
+            nisa.dma_copy(dst=g_out[0:k, col:col + ch.rows], src=chunk, name="ag_place")
     return g_out
 
 

@@ -165,7 +165,9 @@ def _build_allgather(shape, ring, dtype, numerics, seed, kw) -> Launches:
     tp = len(ring)
     assert m % tp == 0, f"allgather_matmul: m={m} must be divisible by tp={tp}"
     x, w, at = _tp_operands(ring, k, m // tp, n, dtype, numerics, seed)
-    cc_kw = {key: kw[key] for key in ("groups", "channels")}
+    # the collective alone runs the ring schedule the fused kernel plans for this weight
+    cc_kw = {**{key: kw[key] for key in ("groups", "channels", "sbuf_bytes")}, "n": n,
+             "both_ways": kw.get("both_ways")}
     return Launches(
         mm=Variant(matmul, [(operand((k, m), dtype, numerics, seed=seed), w[0])], {"sbuf_bytes": kw["sbuf_bytes"]}),
         cc=Variant(allgather_ring, [(x[p],) for p in at], cc_kw),

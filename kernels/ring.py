@@ -15,6 +15,7 @@ pattern. `position_after` gives that arithmetic (it works on ints and on registe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nl
@@ -96,3 +97,71 @@ def channel_halves(rows: int, channels: int, what: str) -> list[tuple[int, int]]
     parts = split_rows(rows, channels)
     order = list(range(0, channels, 2)) + list(range(1, channels, 2))
     return [parts[order.index(c)] for c in range(channels)]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows of a shard that arrive at one step of a gather ring.
+
+    ``channel`` carries them (-1: the rank's own rows at step 0); ``side`` is the ring side
+    they come from, as a channel parity (0: from predecessors, 1: from successors), which
+    with the step gives their owner's position (`position_after`); ``offset``/``rows`` are
+    rows of the shard (of every rank's shard: all have the same size) and ``slot`` the
+    first of them in the step's buffer, in which a step's chunks lie in slot order."""
+
+    channel: int
+    side: int
+    offset: int
+    rows: int
+    slot: int
+
+
+def gather_steps(base: int, rows: int, tp: int, channels: int, both_ways: bool = True) -> list[list[Chunk]]:
+    """The steps of a gather ring: for each step, the chunks that are in hand.
+
+    A rank holds rows ``base..base+rows`` of every shard. Step 0 is its own rows. With one
+    channel the ring runs one way, tp - 1 steps of whole shards. With 2 or 4 channels it
+    runs both ways (even channels forward, odd backward), in one of two schedules:
+
+    - ``both_ways=False`` (halves): every shard goes all the way round, split over the
+      channels (`channel_halves`); tp - 1 steps, each bringing part of the shard s places
+      before on the forward channels and part of the one s places after on the backward.
+    - ``both_ways=True``: at step s (1 <= s < tp/2) the whole shard of the rank s places
+      before arrives on the forward channels and the one s places after on the backward
+      ones, each direction's channels taking adjacent parts of it; when tp is even the
+      shard opposite (tp/2 away, the last) comes half each way, each channel forwarding
+      the half of its part that it holds. Each link carries the same (tp - 1)/2 shards as
+      with halves, in about tp/2 steps instead of tp - 1: half the hop latencies, for a
+      step 0 that sends twice the bytes (the bidirectional variant of the decomposition in
+      Wang et al., "Overlap Communication with Dependent Computation via Decomposition in
+      Large Deep Learning Models", ASPLOS 2023).
+
+    Each step's chunk on channel c is part of the rows channel c received at the step
+    before (own rows at step 0), so the ring forwards what it received."""
+    assert channels in (1, 2, 4), f"gather ring: channels must be 1, 2 or 4, got {channels}"
+    assert rows >= channels, f"gather ring: {rows} rows cannot be split over {channels} channels"
+    steps = [[Chunk(-1, 0, base, rows, 0)]]
+    if channels == 1 or not both_ways:
+        parts = channel_halves(rows, channels, "gather ring")
+        for _ in range(1, tp):
+            steps.append(sorted((Chunk(c, c % 2, base + off, h, off) for c, (off, h) in enumerate(parts)),
+                                key=lambda ch: ch.slot))
+        return steps
+    per_side = [list(range(d, channels, 2)) for d in range(2)]
+    full: dict[int, tuple[int, int]] = {}  # channel -> (offset, rows) of its part of a whole shard
+    for chans in per_side:
+        for c, (off, h) in zip(chans, split_rows(rows, len(chans))):
+            full[c] = (base + off, h)
+    for _ in range((tp - 1) // 2):  # whole shards each way
+        steps.append([Chunk(c, d, full[c][0], full[c][1], d * rows + full[c][0] - base)
+                      for d, chans in enumerate(per_side) for c in chans])
+    if tp % 2 == 0:  # the opposite shard, half each way
+        half = []
+        for d, chans in enumerate(per_side):
+            for c in chans:
+                off, h = full[c]
+                first = h - h // 2  # the forward channels take the first half of their parts
+                o, n = (off, first) if d == 0 else (off + first, h - first)
+                half.append(Chunk(c, 0, o, n, o - base))
+        steps.append(sorted((ch for ch in half if ch.rows), key=lambda ch: ch.slot))
+    return steps

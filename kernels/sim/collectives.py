@@ -200,10 +200,11 @@ def _data(ctx: Any, ts: list[NkiTensor], op: str, name: str | None) -> list[np.n
 def _finish(ctx: Any, op: str, name: str | None, engine: str, start: float, end: float,
             reads: list[NkiTensor], writes: list[NkiTensor], sent: int, read_end: float | None = None) -> NkiInstruction:
     """Place a collective on its engine; its ``sent`` bytes also take this core's DMA
-    bandwidth (the collective's DMA rings share the engines and HBM port of compute DMAs)."""
+    bandwidth (the collective's DMA rings share the engines and HBM port of compute DMAs),
+    paced over its link time: the rings read no faster than the link drains."""
     ctx.accesses(op, name, reads, writes)
     if sent and end > start:
-        end = max(end, ctx.timeline.dma_traffic(start, sent, op, name))
+        end = max(end, ctx.timeline.dma_traffic(start, sent, op, name, span=end - start))
     ctx.timeline.occupy(engine, start, end, op, name)
     ctx.timeline.record(reads, writes, end if read_end is None else max(read_end, end), end)
     return NkiInstruction(op, name, start, end)

@@ -11,12 +11,14 @@ and the queue's previous descriptor is done, and its data phase starts no earlie
 1.3 us later and no earlier than the end of the queue's previous data phase. Queues are
 independent of each other: a DMA waiting for its data holds back only the DMAs behind it
 on its own queue. The core's DMA bandwidth (368 GB/s) is one shared resource: every data
-phase runs at the full rate for bytes / 368 GB/s, in the earliest interval of that length
-at or after its earliest start in which no other data phase of the core runs; a DMA whose
-data is ready can thus fill a gap left before a DMA issued earlier that still waits.
-(Data phases are time-multiplexed at full rate rather than sharing the bandwidth
-concurrently: the same bytes per second in total, and every end time is final when the
-instruction is issued.) An instruction starts when its
+phase needs bytes / 368 GB/s of it, taken at the full rate in the free intervals at or
+after its earliest start, the earliest first, until it has had that much; a DMA whose
+data is ready can thus fill a gap left before a DMA issued earlier that still waits, and
+a long transfer runs in the gaps between short ones rather than waiting for a gap as
+long as itself (a DMA is a sequence of descriptors, and the DMA engines interleave the
+descriptors of their queues: "NKI Performance Guide", DMA section). (Data phases are
+time-multiplexed at full rate rather than sharing the bandwidth concurrently: the same
+bytes per second in total, and every end time is final when the instruction is issued.) An instruction starts when its
 engine is free and every earlier instruction it depends on (read-after-write,
 write-after-read, write-after-write on overlapping boxes of the same allocation) has
 finished; engines run concurrently. Durations come from ``rates``.
@@ -40,6 +42,12 @@ from . import rates
 from .tensor import NkiTensor, box_contains
 
 COMPUTE_ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd")
+# Free bandwidth intervals shorter than this are not used (float noise between touching ones).
+_MIN_GAP_S = 1e-12
+# A collective's DMA traffic is booked in this many pieces paced over its link time
+# (ASSUMPTION: the DMA rings keep a few transfers in flight ahead of the link; 8 pieces
+# bound the simulator's bookings per transfer while spreading the reads over the link time).
+TRAFFIC_PIECES = 8
 
 
 @dataclass(frozen=True)
@@ -152,11 +160,16 @@ class CoreTimeline:
         self._access.pop(alloc_id, None)
 
     # --- engines ----------------------------------------------------------------------------
-    def occupy(self, engine: str, start: float, end: float, op: str, name: str | None) -> None:
+    def occupy(self, engine: str, start: float, end: float, op: str, name: str | None,
+               busy_s: float | None = None) -> None:
+        """Place an instruction on ``engine`` over [start, end); ``busy_s`` (default end - start)
+        is the engine time it takes (a DMA's data phase may run in pieces: its bandwidth
+        intervals are recorded when booked)."""
         self.issued += 1
         self.engine_free[engine] = max(self.engine_free.get(engine, 0.0), end)
-        self.busy[engine] = self.busy.get(engine, 0.0) + (end - start)
-        self.intervals.setdefault(engine, []).append((start, end))
+        self.busy[engine] = self.busy.get(engine, 0.0) + (end - start if busy_s is None else busy_s)
+        if busy_s is None:
+            self.intervals.setdefault(engine, []).append((start, end))
         self.counts[engine] = self.counts.get(engine, 0) + 1
         self.end_s = max(self.end_s, end)
         if self.instructions is not None:
@@ -179,54 +192,65 @@ class CoreTimeline:
         self._dma_queue_free[q] = t0 + rates.DMA_DESCRIPTOR_S
         earliest = max(t0 + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S, self._dma_queue_data[q])
         duration = rates.dma_transfer_seconds(nbytes)
-        data_start = self._bandwidth_slot(earliest, duration)
-        end = data_start + duration
+        data_start, end = self._take_bandwidth(earliest, duration)
         self._dma_queue_data[q] = end
-        self.occupy("DMA", data_start, end, op, name)
+        self.occupy("DMA", data_start, end, op, name, busy_s=duration)
         return t0, end
 
-    def dma_traffic(self, earliest: float, nbytes: int, op: str, name: str | None) -> float:
+    def dma_traffic(self, earliest: float, nbytes: int, op: str, name: str | None, span: float = 0.0) -> float:
         """Collective traffic of ``nbytes`` sent by this core's DMA engines from ``earliest``:
         it takes the same shared DMA bandwidth (and HBM port) as the compute DMAs, in the
-        first free interval; returns when it is done."""
+        free intervals from ``earliest``, paced over ``span`` seconds (the collective's link
+        time: in ``TRAFFIC_PIECES`` equal pieces, piece i no earlier than i/pieces of the
+        span, so a transfer slower on its link than on the DMA leaves the bandwidth between
+        its pieces to compute DMAs); returns when it is done."""
         duration = rates.dma_transfer_seconds(nbytes)
-        start = self._bandwidth_slot(earliest, duration)
+        pieces = TRAFFIC_PIECES if span > duration else 1
+        end = earliest
+        for i in range(pieces):
+            _, end = self._take_bandwidth(max(end, earliest + i * span / pieces), duration / pieces)
         self.busy["DMA"] = self.busy.get("DMA", 0.0) + duration
-        self.intervals.setdefault("DMA", []).append((start, start + duration))
-        return start + duration
+        return end
 
-    def _bandwidth_slot(self, earliest: float, duration: float) -> float:
-        """Book the first interval of ``duration`` at or after ``earliest`` in which the DMA
-        bandwidth is free; return its start."""
+    def _take_bandwidth(self, earliest: float, duration: float) -> tuple[float, float]:
+        """Book ``duration`` seconds of the DMA bandwidth in its free intervals at or after
+        ``earliest``, the earliest first; return (start of the first piece, end of the last).
+        Each piece is recorded as a "DMA" interval."""
         starts, ends = self._bw_starts, self._bw_ends
         i = bisect.bisect_right(ends, earliest)
-        t = earliest
-        while i < len(starts) and t + duration > starts[i]:
-            t = max(t, ends[i])
-            i += 1
-        end = t + duration
-        # insert [t, end) before interval i, merging with touching neighbours
-        lo = i
-        if lo > 0 and ends[lo - 1] >= t:
-            lo -= 1
-            t_new = starts[lo]
-        else:
-            t_new = t
-        hi = i
-        if hi < len(starts) and starts[hi] <= end:
-            end_new = ends[hi]
-            hi += 1
-        else:
-            end_new = end
-        starts[lo:hi] = [t_new]
-        ends[lo:hi] = [end_new]
+        t, left, pieces = earliest, duration, []
+        while left > 0:
+            gap_end = starts[i] if i < len(starts) else float("inf")
+            if gap_end - t > _MIN_GAP_S or gap_end == float("inf"):
+                take = min(left, gap_end - t)
+                pieces.append((t, t + take))
+                left -= take
+                t += take
+            if left > 0:
+                t = max(t, ends[i])
+                i += 1
+        for a, b in pieces:
+            self._insert_busy(a, b)
+        self.intervals.setdefault("DMA", []).extend(pieces)
         if len(starts) > 64:
             # no later DMA can start before its queue's descriptor is done plus 1.3 us
             floor = min(self._dma_queue_free) + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S
             k = bisect.bisect_right(ends, floor)
             if k:
                 del starts[:k], ends[:k]
-        return t
+        return pieces[0][0], pieces[-1][1]
+
+    def _insert_busy(self, a: float, b: float) -> None:
+        """Add [a, b) (free before) to the sorted, disjoint busy intervals, merging touching ones."""
+        starts, ends = self._bw_starts, self._bw_ends
+        j = bisect.bisect_left(starts, a)
+        lo, hi, new_a, new_b = j, j, a, b
+        if j > 0 and ends[j - 1] >= a - _MIN_GAP_S:
+            lo, new_a = j - 1, starts[j - 1]
+        if j < len(starts) and starts[j] <= b + _MIN_GAP_S:
+            hi, new_b = j + 1, ends[j]
+        starts[lo:hi] = [new_a]
+        ends[lo:hi] = [new_b]
 
     # --- reporting --------------------------------------------------------------------------
     def exposed_comm_s(self) -> float:

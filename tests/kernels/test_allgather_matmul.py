@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trnopt.kernels.allgather_matmul import allgather_matmul, allgather_ring
+from trnopt.kernels.allgather_matmul import _held, allgather_matmul, allgather_ring
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference
-from trnopt.kernels.ring import channel_halves
+from trnopt.kernels.ring import channel_halves, gather_steps
 from trnopt.kernels.sim import TensorSpec, run_ranks
 
 # Ragged everywhere: M_shard, K and N are not multiples of their tiles (128, 128, 512).
@@ -136,8 +136,10 @@ def test_four_channels_match_reference(tp, ms, k, n, rng, make_tensor, assert_cl
 
 
 def test_four_channels_store_once_per_direction(dtypes):
-    """With the rows of a ring direction's channels adjacent (`ring.channel_halves`), the
-    on-chip ring stores each step's rows with one DMA per direction, not one per channel."""
+    """With the rows of a ring direction's channels adjacent (`ring.gather_steps`), the
+    on-chip ring stores each step's rows with one DMA per direction, not one per channel:
+    both ways, one for the own shard, two for each of the tp/2 - 1 steps of whole shards
+    and one for the opposite shard (its halves adjacent), tp in all."""
     tp, ms, k, n = 8, 64, 256, 128
     dt = dtypes["bf16"]
     args = [(TensorSpec((k, ms), dt), TensorSpec((k, n), dt))] * tp
@@ -146,7 +148,7 @@ def test_four_channels_store_once_per_direction(dtypes):
         res = run_ranks(allgather_matmul, args, kwargs={"groups": (tuple(range(tp)),), "channels": ch},
                         numerics=False)
         counts[ch] = sum(1 for i in res.timeline.cores[0].instructions if i.name == "ag_st")
-    assert counts[4] == counts[2] == 2 * tp, counts
+    assert counts[4] == counts[2] == tp, counts
 
 
 def test_channel_halves_put_a_direction_together():
@@ -166,3 +168,61 @@ def test_hbm_ring_seeds_from_the_input_at_lnc2_only(dtypes):
                         numerics=False, lnc=lnc, timeout_s=120.0)
         names[lnc] = {i.name for c in res.timeline.cores for i in c.instructions}
     assert "ag_seed" in names[1] and "ag_seed" not in names[2], names
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4])
+@pytest.mark.parametrize("both_ways", [False, True])
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 5, 8, 9])
+def test_gather_steps_deliver_every_shard_row_once(tp, both_ways, channels):
+    """Every row of every other rank's shard arrives exactly once, each chunk is part of
+    what its channel received the step before, and both ways take tp // 2 hops, not tp - 1."""
+    base, rows = 3, 10
+    steps = gather_steps(base, rows, tp, channels, both_ways)
+    seen = {}
+    for s, step in enumerate(steps):
+        slots = sorted((ch.slot, ch.rows) for ch in step)
+        assert all(a + n == b for (a, n), (b, _) in zip(slots, slots[1:])) and slots[0][0] == 0, (s, step)
+        for ch in step:
+            owner = (-s if ch.side == 0 else s) % tp
+            for r in range(ch.offset, ch.offset + ch.rows):
+                seen[(owner, r)] = seen.get((owner, r), 0) + 1
+            if s:
+                _held(steps, s - 1, ch)  # asserts the channel holds these rows
+    assert seen == {(o, r): 1 for o in range(tp) for r in range(base, base + rows)}
+    hops = tp // 2 if both_ways and channels > 1 and tp > 1 else tp - 1
+    assert len(steps) - 1 == hops
+
+
+@pytest.mark.parametrize("channels", [2, 4])
+@pytest.mark.parametrize("tp,ms,k,n", [(2, 64, 256, 128), (3, 64, 256, 96), (5, 36, 130, 96), (8, 64, 256, 128)])
+def test_both_ways_matches_reference(tp, ms, k, n, channels, rng, make_tensor, assert_close, assert_exact,
+                                     dtypes):
+    """Whole shards both ways, on chip (K in whole tiles) and through HBM (ragged K), odd
+    and even rings, against the reference; the ring alone gathers exactly."""
+    dt = dtypes["bf16"]
+    xs, ws = _inputs(rng, make_tensor, tp, dt, k=k, ms=ms, n=n)
+    groups = (tuple(range(tp)),)
+    res = _run(allgather_matmul, [(xs[r], ws[r]) for r in range(tp)], groups, channels=channels, both_ways=True)
+    alone = _run(allgather_ring, [(x,) for x in xs], groups, channels=channels, both_ways=True)
+    for r in range(tp):
+        assert_close(res.outputs[r], allgather_matmul_reference(xs, ws[r]), dt, f"rank {r}")
+        assert_exact(alone.outputs[r], allgather_reference(xs), f"rank {r}")
+
+
+def test_on_chip_ring_goes_both_ways_with_half_the_hops(dtypes):
+    """Where the ring fits on chip the plan runs whole shards both ways: tp // 2 ring steps
+    (the first and last in two K halves) instead of tp - 1, for the fused kernel and the
+    ring alone that measures it."""
+    tp, ms, k, n = 8, 64, 256, 128
+    dt = dtypes["bf16"]
+    args = [(TensorSpec((k, ms), dt), TensorSpec((k, n), dt))] * tp
+    kw = {"groups": (tuple(range(tp)),), "channels": 2}
+    fused = run_ranks(allgather_matmul, args, kwargs=kw, numerics=False)
+    alone = run_ranks(allgather_ring, [(a[0],) for a in args], kwargs={**kw, "n": n}, numerics=False)
+    halves = run_ranks(allgather_ring, [(a[0],) for a in args], kwargs=kw, numerics=False)
+
+    def permutes(res):
+        return [i.name for i in res.timeline.cores[0].instructions if i.engine == "CC0"]
+    assert len(set(permutes(fused))) == tp // 2 and len(permutes(fused)) == tp // 2 + 2
+    assert len(permutes(alone)) == tp // 2
+    assert len(permutes(halves)) == tp - 1

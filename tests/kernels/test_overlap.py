@@ -26,7 +26,9 @@ def test_allgather_timings(dtypes):
     t = measure("allgather_matmul", {"m": 1024, "k": 512, "n": 512}, tp=4, dtype=dtypes["bf16"],
                 link=LINK, channels=2).as_dict()
     assert set(t) >= {"t_mm", "t_cc", "t_f", "hidden_fraction", "speedup"}
-    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] >= t["t_mm"]
+    # no t_f >= t_mm: the fused kernel receives X into SBUF over the ring where the
+    # undecomposed matmul loads it from HBM, so at a load-bound shape it may be the faster
+    assert t["t_mm"] > 0 and t["t_cc"] > 0 and t["t_f"] > 0
     assert t["hidden_fraction"] == pytest.approx(1 - (t["t_f"] - t["t_mm"]) / t["t_cc"])
     assert t["speedup"] == pytest.approx((t["t_mm"] + t["t_cc"]) / t["t_f"])
     assert t["numerics"] is False

@@ -262,3 +262,38 @@ def test_collective_traffic_takes_the_cores_dma_bandwidth() -> None:
     dma = sorted(iv for iv in core.intervals["DMA"])
     for (a0, a1), (b0, b1) in zip(dma, dma[1:]):
         assert a1 <= b0 + 1e-15  # time-multiplexed: never two data phases at once
+
+
+def test_a_long_transfer_runs_in_the_gaps_between_short_ones() -> None:
+    """A data phase needs its bytes / bandwidth of the shared DMA bandwidth, not one free
+    interval that long: booked after two short transfers that leave gaps, a long one
+    takes the gaps (earliest first) and ends when it has had its time."""
+    from trnopt.kernels.sim.timeline import CoreTimeline
+
+    tl = CoreTimeline(0)
+    us = 1e-6
+    short = int(1 * us * rates.DMA_BANDWIDTH_BPS)  # 1 us of bandwidth each
+    tl.dma_traffic(2 * us, short, "x", "a")  # busy [2, 3)
+    tl.dma_traffic(5 * us, short, "x", "b")  # busy [5, 6)
+    end = tl.dma_traffic(0.0, int(6 * us * rates.DMA_BANDWIDTH_BPS), "x", "long")
+    assert end == pytest.approx(8 * us)  # [0, 2) + [3, 5) + [6, 8)
+    ivs = sorted(tl.intervals["DMA"])
+    assert all(a[1] <= b[0] + 1e-15 for a, b in zip(ivs, ivs[1:]))
+    assert tl.busy["DMA"] == pytest.approx(8 * us)
+
+
+def test_collective_traffic_is_paced_over_its_link_time() -> None:
+    """A transfer slower on its link than on the DMA reads its bytes over the link time in
+    pieces, so a compute DMA booked after it still finds bandwidth before it ends."""
+    from trnopt.kernels.sim.timeline import TRAFFIC_PIECES, CoreTimeline
+
+    tl = CoreTimeline(0)
+    us = 1e-6
+    nbytes = int(4 * us * rates.DMA_BANDWIDTH_BPS)  # 4 us of DMA bandwidth over a 16 us link time
+    end = tl.dma_traffic(0.0, nbytes, "cc", "step", span=16 * us)
+    starts = sorted(a for a, _ in tl.intervals["DMA"])
+    assert len(starts) == TRAFFIC_PIECES
+    assert starts == pytest.approx([i * 16 * us / TRAFFIC_PIECES for i in range(TRAFFIC_PIECES)])
+    assert end == pytest.approx(14 * us + 4 * us / TRAFFIC_PIECES)
+    _, load_end = tl.dma(int(1 * us * rates.DMA_BANDWIDTH_BPS), 0.0, "dma_copy", "load")
+    assert load_end < end
