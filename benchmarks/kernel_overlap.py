@@ -23,7 +23,10 @@ GB/s per chip over 2 axes x 2 directions = 256 GB/s, hop latency 1.5 us (mid-poi
 the documented ~1-2 us intra-instance); two channels (both ring directions), four where
 the TP group holds every rank of a trn2.48xlarge (TP64 at LNC 2, TP128 at LNC 1: 16
 chips x 8 physical cores), as the collective pages allow and `trnopt.kernels.plan`
-plans (both directions of the torus's two edge-disjoint Hamiltonian cycles).
+plans (both directions of the torus's two edge-disjoint Hamiltonian cycles). The
+all-gather runs whole shards both ways (about tp/2 hops) where its ring fits on chip,
+else every shard all the way round in halves (`allgather_matmul.gather_plan`); its T_cc
+is the ring alone on the same schedule.
 """
 
 from __future__ import annotations
