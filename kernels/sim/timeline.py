@@ -24,10 +24,10 @@ write-after-read, write-after-write on overlapping boxes of the same allocation)
 finished; engines run concurrently. Durations come from ``rates``.
 
 Collective traffic shares that bandwidth: the bytes a collective sends from this core
-(its DMA rings read the src from HBM) take an interval of the same DMA bandwidth from the
-collective's start (``dma_traffic``), so a collective delays the compute loads and stores
-of its core and is delayed by them ("Trainium2 Architecture Guide for NKI": collectives
-run on the same DMA engines as kernel data movement).
+(its DMA rings read the src from HBM) take the same DMA bandwidth from the collective's
+start, paced over its link time (``dma_traffic``), so a collective delays the compute
+loads and stores of its core and is delayed by them ("Trainium2 Architecture Guide for
+NKI": collectives run on the same DMA engines as kernel data movement).
 
 Exposed communication of a core is the time during which a collective transfer is in
 flight and no compute engine (Tensor, Vector, Scalar, GpSimd) is busy.
