@@ -23,7 +23,8 @@ from typing import Any
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
-from trnopt.kernels.ring import SLAB_BYTES, gather_steps, position_after, program_share, ring_setup
+from trnopt.kernels.ring import (SLAB_BYTES, gather_steps, position_after, program_share, ring_outlasts_matmul,
+                                ring_setup)
 from trnopt.kernels.tiling import (PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline,
                                    RowBlock, choose_tiling, loads_outlast_matmul, matmul_operands, unit_pieces)
 
@@ -219,9 +220,6 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
     # ring's fill and drain, where nothing else hides it).
     halves = [(0, kt // 2), (kt // 2, kt)] if kt >= 2 else [(0, kt)]
 
-    own = steps[0][0]
-    for dst, src in pipe.k_major_copies(at(0, 0, own.rows), x_t[0:k, own.offset:own.offset + own.rows]):
-        nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")
     def send(s, t0, t1):  # deliver K tiles t0..t1 of step s's chunks
         srcs = []
         for ch in steps[s]:
@@ -231,13 +229,42 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
             srcs_by_channel=srcs, dsts_by_channel=[[at(s, ch.slot, ch.rows, t0, t1)] for ch in steps[s]],
             replica_group=rg, channel_ids=[ch.channel for ch in steps[s]], name=f"ag_step{s - 1}")
 
+    def sends_of(i):  # (last K tile + 1, send) of the transfers that deliver call i + 1's shards
+        return [(t1, lambda s=s, t0=t0, t1=t1: send(s, t0, t1)) for s in (calls[i + 1] if i + 1 < len(calls) else ())
+                for t0, t1 in (halves if s in (1, len(steps) - 1) else [(0, kt)])]
+
+    # Where the matmul, not the ring, is the critical path, the own shard's K blocks load
+    # each just ahead of the first call's iteration that reads it, and each first send
+    # right after the loads it reads: in issue order the matmul's first weight loads would
+    # otherwise wait for the whole shard and the sends' traffic. Where the ring is (it
+    # outlasts a step's matmul), the shard loads and the first sends go first.
+    # (One copy per K block: `k_major_copies` with K in whole tiles.)
+    own = steps[0][0]
+    step1 = steps[1] if len(steps) > 1 else steps[0]
+    ring_first = ring_outlasts_matmul(max(ch.rows for ch in step1) * k * x_t.dtype.itemsize,
+                                      step_width(step1), k, n, nl.num_programs())
+    lead: list[list] = [[lambda dst=dst, src=src: nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")]
+                        for dst, src in pipe.k_major_copies(at(0, 0, own.rows),
+                                                            x_t[0:k, own.offset:own.offset + own.rows])]
+    ends = [t0 + len(tiles) for t0, tiles in pipe.k_blocks]
+    assert len(ends) == len(lead), f"allgather ring: {len(lead)} shard loads for {len(ends)} K blocks"
+    after: dict[int, list] = {}  # load index -> the sends issued right after it
+    for t1, fn in sends_of(0):
+        after.setdefault(next(j for j, e in enumerate(ends) if e >= t1), []).append(fn)
+    lead = [fns + after.get(j, []) for j, fns in enumerate(lead)]
+    if ring_first:
+        for fns in lead:
+            for fn in fns:
+                fn()
+        lead = []
     for i, c in enumerate(calls):
-        for s in (calls[i + 1] if i + 1 < len(calls) else ()):  # deliver the next call's shards
-            for t0, t1 in (halves if s in (1, len(steps) - 1) else [(0, kt)]):
-                send(s, t0, t1)
+        for _, fn in (sends_of(i) if i else ()):
+            fn()
         blocks = [b for s in c for b in _blocks(y, tp, pos, s, steps[s], ms, n, lambda ch: None)]
         rows = sum(step_width(steps[s]) for s in c)
-        pipe(blocks, w, x_sbuf=bufs[i % n_bufs][0:PMAX, 0:kt, 0:rows], flush=i == len(calls) - 1)
+        pipe(blocks, w, x_sbuf=bufs[i % n_bufs][0:PMAX, 0:kt, 0:rows],
+             lead=[lambda fns=fns: [fn() for fn in fns] for fns in lead] if i == 0 else (),
+             flush=i == len(calls) - 1)
 
 
 def _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, slabs, calls):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nl
-from trnopt.kernels.tiling import split_rows
+from trnopt.kernels.tiling import PMAX, split_rows
 
 # Ring transfers go in slabs of about this many bytes per channel: ~1.4 us of a core's
 # 368 GB/s DMA bandwidth ("NKI Performance Guide"), short enough to interleave with the
@@ -97,6 +97,21 @@ def channel_halves(rows: int, channels: int, what: str) -> list[tuple[int, int]]
     parts = split_rows(rows, channels)
     order = list(range(0, channels, 2)) + list(range(1, channels, 2))
     return [parts[order.index(c)] for c in range(channels)]
+
+
+def ring_outlasts_matmul(chunk_bytes: int, rows: int, k: int, n: int, programs: int = 1) -> bool:
+    """Whether a ring step's transfer outlasts the step's matmul: a channel's chunk of
+    ``chunk_bytes`` over one direction of a Trn2 torus link (1,024 GB/s per chip over 2 axes
+    x 2 directions, shared by the ``programs`` of an LNC 2 rank) plus a hop latency, against
+    ceil(rows/128) x ceil(k/128) x n Tensor Engine cycles at 2.4 GHz. The rates are the
+    Trainium2 pages' as the simulator has them (`trnopt.kernels.sim.rates`): a kernel's
+    choice of order, not a simulator call. Where the ring outlasts the matmul it is the
+    critical path and its first transfer goes before the matmul's first loads."""
+    from trnopt.kernels.sim.rates import DEFAULT_LINK, TENSOR_ENGINE_HZ
+    link = DEFAULT_LINK.bandwidth_Bps / programs
+    transfer = chunk_bytes / link + DEFAULT_LINK.latency_s
+    matmul = -(-rows // PMAX) * -(-k // PMAX) * n / TENSOR_ENGINE_HZ
+    return transfer > matmul
 
 
 @dataclass(frozen=True)

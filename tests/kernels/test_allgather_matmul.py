@@ -7,7 +7,7 @@ import pytest
 
 from trnopt.kernels.allgather_matmul import _held, allgather_matmul, allgather_ring
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference
-from trnopt.kernels.ring import channel_halves, gather_steps
+from trnopt.kernels.ring import channel_halves, gather_steps, ring_outlasts_matmul
 from trnopt.kernels.sim import TensorSpec, run_ranks
 
 # Ragged everywhere: M_shard, K and N are not multiples of their tiles (128, 128, 512).
@@ -226,3 +226,28 @@ def test_on_chip_ring_goes_both_ways_with_half_the_hops(dtypes):
     assert len(set(permutes(fused))) == tp // 2 and len(permutes(fused)) == tp // 2 + 2
     assert len(permutes(alone)) == tp // 2
     assert len(permutes(halves)) == tp - 1
+
+
+def test_matmul_bound_ring_loads_its_shard_within_the_first_call(rng, make_tensor, assert_close, dtypes):
+    """Where a step's matmul outlasts its transfer, the own shard's K blocks load between
+    the first call's weight loads (the first weight load is issued before the shard's last
+    block) and each first send after the loads it reads: the result matches the reference.
+    Where the ring outlasts the matmul, the whole shard loads first."""
+    dt = dtypes["bf16"]
+    groups = (tuple(range(4)),)
+
+    def order(ms, k, n):
+        xs, ws = _inputs(rng, make_tensor, 4, dt, k=k, ms=ms, n=n)
+        res = _run(allgather_matmul, [(xs[r], ws[r]) for r in range(4)], groups, channels=2)
+        for r in range(4):
+            assert_close(res.outputs[r], allgather_matmul_reference(xs, ws[r]), dt, f"rank {r}")
+        names = [i.name for i in res.timeline.cores[0].instructions]
+        return names.index("ag_ld_w"), max(i for i, nm in enumerate(names) if nm == "ag_ld_shard")
+
+    # k 2048: two K blocks; 64 rows a side per step, 256 KiB a channel: ~2.5 us on the link
+    assert not ring_outlasts_matmul(64 * 2048 * 2, 128, 2048, 512)  # 16 x 512 cycles: 3.4 us
+    first_w, last_shard = order(64, 2048, 512)
+    assert first_w < last_shard
+    assert ring_outlasts_matmul(64 * 2048 * 2, 128, 2048, 64)
+    first_w, last_shard = order(64, 2048, 64)
+    assert first_w > last_shard
