@@ -56,7 +56,7 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
         both_ways: with 2 or 4 channels, whole shards each way in about tp/2 steps (True)
             or every shard all the way round in halves (False); `ring.gather_steps`.
-            None: `ring.both_ways_pays`.
+            None: `gather_plan` decides.
 
     Returns:
         Y: [M, N_shard] in w's dtype, shared HBM.
@@ -102,7 +102,6 @@ class GatherPlan:
     calls: list  #: the steps each pipeline call multiplies (`ring_calls`)
     tiling: Any  #: the matmul's `tiling.MatmulTiling`
     n_bufs: int  #: on-chip ring buffers (3 or 2), or 0: the ring goes through HBM
-    both_ways: bool  #: whole shards both ways (`ring.gather_steps`)
 
 
 def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, itemsize: int, out_itemsize: int,
@@ -145,9 +144,9 @@ def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, it
             n_bufs = max((b for b in (3, 2) if b * call_bytes <= room), default=0) \
                 if tp > 1 and k % PMAX == 0 else 0
             if n_bufs:
-                return GatherPlan(steps, calls, tiling, n_bufs, way)
+                return GatherPlan(steps, calls, tiling, n_bufs)
             if group == per_call:
-                fallback = GatherPlan(steps, calls, tiling, 0, way)
+                fallback = GatherPlan(steps, calls, tiling, 0)
     return fallback
 
 
@@ -240,9 +239,8 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
     # outlasts a step's matmul), the shard loads and the first sends go first.
     # (One copy per K block: `k_major_copies` with K in whole tiles.)
     own = steps[0][0]
-    step1 = steps[1] if len(steps) > 1 else steps[0]
-    ring_first = ring_outlasts_matmul(max(ch.rows for ch in step1) * k * x_t.dtype.itemsize,
-                                      step_width(step1), k, n, nl.num_programs())
+    ring_first = ring_outlasts_matmul(max(ch.rows for ch in steps[1]) * k * x_t.dtype.itemsize,
+                                      step_width(steps[1]), k, n, nl.num_programs())
     lead: list[list] = [[lambda dst=dst, src=src: nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")]
                         for dst, src in pipe.k_major_copies(at(0, 0, own.rows),
                                                             x_t[0:k, own.offset:own.offset + own.rows])]
@@ -278,31 +276,15 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, slabs, calls):
     k, ms = x_t.shape
     n = w.shape[1]
     own = steps[0][0]
-    chans = sorted({ch.channel for st in steps[1:] for ch in st})
     nb = 2 * max(len(c) for c in calls)
-    rows = {c: max(ch.rows for st in steps[1:] for ch in st if ch.channel == c) for c in chans}
-    bufs = {c: [nl.ndarray((k, rows[c]), dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}")
-                for i in range(nb)] for c in chans}
-    # at LNC 1 collective srcs on HBM must be private_hbm ("nki.collectives.all_gather":
-    # "When LNC degree is 1, the srcs must be on private_hbm"), so step 0 copies its slab of
-    # x_t for the ring first; at LNC 2 the ring starts from x_t itself, a DMA fewer
-    seed = nl.ndarray((k, own.rows), dtype=x_t.dtype, buffer=nl.private_hbm, name="ag_seed") \
-        if nl.num_programs() == 1 and chans else None
-
-    def src(s, ch, k0, kl):  # the rows of chunk ch (of step s + 1) held at step s
-        prev, lo = _held(steps, s, ch)
-        if s > 0:
-            return bufs[ch.channel][s % nb][k0:k0 + kl, lo:lo + ch.rows]
-        if seed is not None:
-            return seed[k0:k0 + kl, lo:lo + ch.rows]
-        return x_t[k0:k0 + kl, ch.offset:ch.offset + ch.rows]
+    bufs, seed = _hbm_buffers(x_t, steps, nb)
 
     def send(s, k0, kl):
         if s == 0 and seed is not None:
             nisa.dma_copy(dst=seed[k0:k0 + kl, 0:own.rows], src=x_t[k0:k0 + kl, own.offset:own.offset + own.rows],
                           name="ag_seed")
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[src(s, ch, k0, kl)] for ch in steps[s + 1]],
+            srcs_by_channel=[[_hbm_src(x_t, steps, bufs, seed, s, ch, k0, kl)] for ch in steps[s + 1]],
             dsts_by_channel=[[bufs[ch.channel][(s + 1) % nb][k0:k0 + kl, 0:ch.rows]] for ch in steps[s + 1]],
             replica_group=rg, channel_ids=[ch.channel for ch in steps[s + 1]], name=f"ag_step{s}")
 
@@ -317,6 +299,34 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, slabs, calls):
                 for s in (calls[i + 1] if i + 1 < len(calls) else ()) for k0, kl in slabs]
         half = (len(todo) + 1) // 2  # spread over the whole call: slab j is needed at block j of the next
         pipe(blocks, w, side=todo[:half], late=todo[half:], flush=i == len(calls) - 1)
+
+
+def _hbm_buffers(x_t, steps, nb):
+    """The HBM ring's buffers: per channel ``nb`` private-HBM buffers [K, the channel's
+    widest chunk], and at LNC 1 a private-HBM buffer for the own rows the ring starts from
+    (None at LNC 2). At LNC 1 collective srcs on HBM must be private_hbm
+    ("nki.collectives.all_gather": "When LNC degree is 1, the srcs must be on
+    private_hbm"), so the own rows are copied there first; at LNC 2 the ring starts from
+    x_t itself, a DMA fewer."""
+    k = x_t.shape[0]
+    chans = sorted({ch.channel for st in steps[1:] for ch in st})
+    bufs = {c: [nl.ndarray((k, max(ch.rows for st in steps[1:] for ch in st if ch.channel == c)),
+                           dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(nb)]
+            for c in chans}
+    seed = nl.ndarray((k, steps[0][0].rows), dtype=x_t.dtype, buffer=nl.private_hbm, name="ag_seed") \
+        if nl.num_programs() == 1 and chans else None
+    return bufs, seed
+
+
+def _hbm_src(x_t, steps, bufs, seed, s, ch, k0, kl):
+    """K rows k0..k0+kl of the rows of chunk ``ch`` (of step s + 1) held at step s: in the
+    channel's buffer of step s, or (s = 0) in the seed copy, or in x_t at LNC 2."""
+    _, lo = _held(steps, s, ch)
+    if s > 0:
+        return bufs[ch.channel][s % len(bufs[ch.channel])][k0:k0 + kl, lo:lo + ch.rows]
+    if seed is not None:
+        return seed[k0:k0 + kl, lo:lo + ch.rows]
+    return x_t[k0:k0 + kl, ch.offset:ch.offset + ch.rows]
 
 
 @nki.jit
@@ -348,25 +358,14 @@ def allgather_ring(x_t, groups, channels=1, n=None, sbuf_bytes=SBUF_TRN2, both_w
     else:
         steps = gather_steps(base, mine, tp, channels, bool(both_ways))
     g_out = nl.ndarray((k, tp * ms), dtype=x_t.dtype, buffer=nl.shared_hbm, name="gathered")
-    chans = sorted({ch.channel for st in steps[1:] for ch in st})
-    bufs = {c: [nl.ndarray((k, max(ch.rows for st in steps[1:] for ch in st if ch.channel == c)),
-                           dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(2)]
-            for c in chans}
+    bufs, seed = _hbm_buffers(x_t, steps, 2)
     own = steps[0][0]
-    seed = None
-    if chans and nl.num_programs() == 1:  # private-HBM sources at LNC 1, as in allgather_matmul
-        seed = nl.ndarray((k, own.rows), dtype=x_t.dtype, buffer=nl.private_hbm, name="ring_seed")
-        nisa.dma_copy(dst=seed, src=x_t[0:k, own.offset:own.offset + own.rows], name="ring_seed")
+    if seed is not None:
+        nisa.dma_copy(dst=seed, src=x_t[0:k, own.offset:own.offset + own.rows], name="ag_seed")
     for s, step in enumerate(steps):
         if s + 1 < len(steps):
-            srcs = []
-            for ch in steps[s + 1]:
-                _, lo = _held(steps, s, ch)
-                srcs.append([bufs[ch.channel][s % 2][0:k, lo:lo + ch.rows] if s else
-                             seed[0:k, lo:lo + ch.rows] if seed is not None else
-                             x_t[0:k, ch.offset:ch.offset + ch.rows]])
             ncc.collective_permute_implicit(
-                srcs_by_channel=srcs,
+                srcs_by_channel=[[_hbm_src(x_t, steps, bufs, seed, s, ch, 0, k)] for ch in steps[s + 1]],
                 dsts_by_channel=[[bufs[ch.channel][(s + 1) % 2][0:k, 0:ch.rows]] for ch in steps[s + 1]],
                 replica_group=rg, channel_ids=[ch.channel for ch in steps[s + 1]], name=f"ag_step{s}")
         for ch in step:

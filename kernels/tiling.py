@@ -1,5 +1,10 @@
 """Matmul tiling shared by the overlap kernels: a streamed matmul within the hardware limits.
 
+Over ~450 lines: the tiling choice, the pipeline that emits it and the baseline matmul
+built on it share one cost picture (the SBUF budget, the per-DMA fixed cost, the issue
+order of loads and stores); the pipeline is one stateful emitter whose parts hand each
+other pending evacuations and stores, so split, each file would reach into the other's.
+
 `MatmulPipeline` emits ``out[m, n] = x_t[K, m].T @ w[K, n]`` for one or more row blocks
 that share a weight ``w``, with every operand in HBM:
 
