@@ -23,8 +23,8 @@ from typing import Any
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
-from trnopt.kernels.ring import (SLAB_BYTES, gather_steps, position_after, program_share, ring_outlasts_matmul,
-                                ring_setup)
+from trnopt.kernels.ring import (SLAB_BYTES, gather_steps, hop_iterations, position_after, program_share,
+                                ring_outlasts_matmul, ring_setup)
 from trnopt.kernels.tiling import (PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline,
                                    RowBlock, choose_tiling, loads_outlast_matmul, matmul_operands, unit_pieces)
 
@@ -68,8 +68,8 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
     while collective_permute_implicit moves them on. When two or three steps' shards fit
     in SBUF beside the matmul's tiles (small shards, large TP degree) the ring runs on chip
     and the matmul reads the shards in place (`_sbuf_ring`); otherwise through two HBM ring
-    buffers per channel, slab by slab (`_hbm_ring`; step 0 multiplies x_t directly and at
-    LNC 1 copies it for the ring, whose sources must be private HBM there).
+    buffers per channel, slab by slab (`_hbm_ring`; step 0 multiplies and sends x_t
+    directly).
 
     Preconditions: x_t and w 2-D with equal K and equal dtype; channels in (1, 2, 4) and
     M_shard >= channels x programs; pieces >= 1; rank-lists of equal size; LNC 1 or 2 (at LNC 2
@@ -213,10 +213,12 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
         i, c0 = first[s]
         return bufs[i % n_bufs][0:PMAX, t0:t1, c0 + slot:c0 + slot + rows]
 
-    # The first and last transfers go in two K halves: the first half of step 1 leaves
-    # while the own shard's second half still loads, and the last step's matmul starts on
-    # the first half while the second still moves (one hop latency more each: only the
-    # ring's fill and drain, where nothing else hides it).
+    # The first transfer and the last two go in two K halves: the first half of step 1
+    # leaves while the own shard's second half still loads, and each of the last two
+    # steps' matmuls starts on its first half while the second still moves (one hop
+    # latency more each: only the ring's fill and drain, where nothing else hides it; where
+    # the ring is the critical path the step before last would otherwise wait for its
+    # whole shard and run on behind the last transfer).
     halves = [(0, kt // 2), (kt // 2, kt)] if kt >= 2 else [(0, kt)]
 
     def send(s, t0, t1):  # deliver K tiles t0..t1 of step s's chunks
@@ -230,7 +232,7 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
 
     def sends_of(i):  # (last K tile + 1, send) of the transfers that deliver call i + 1's shards
         return [(t1, lambda s=s, t0=t0, t1=t1: send(s, t0, t1)) for s in (calls[i + 1] if i + 1 < len(calls) else ())
-                for t0, t1 in (halves if s in (1, len(steps) - 1) else [(0, kt)])]
+                for t0, t1 in (halves if s in (1, len(steps) - 2, len(steps) - 1) else [(0, kt)])]
 
     # Where the matmul, not the ring, is the critical path, the own shard's K blocks load
     # each just ahead of the first call's iteration that reads it, and each first send
@@ -266,25 +268,23 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
 
 
 def _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, slabs, calls):
-    """The ring through HBM buffers (shards too large for SBUF), slab by slab: while a call
-    multiplies its shards, the slabs that deliver the next call's shards go on to the
-    successors, interleaved with its loads (side actions spread over the whole call), so
-    each slab's share of the DMA bandwidth is small and arrives in K order for the next
-    call. Buffers per channel: the chunks of two calls (the one running and the next,
-    arriving). At LNC 1 step 0 copies each slab of x_t for the ring first (the sources of
-    an LNC 1 collective are private HBM); at LNC 2 the ring starts from x_t itself."""
+    """The ring through HBM buffers (shards too large for SBUF), slab by slab. Each slab
+    is sent as late as it can be and still arrive in time: `_slab_sends` places the send
+    that delivers slab j of a call's step a few K-block iterations ahead of the iteration
+    that first reads it (and of the send that forwards it on, for a call of two steps), in
+    that call or the tail of the one before. Sending a call's whole next shards during it
+    instead loaded the DMA bandwidth of a call that has one step's rows (the first and
+    last at LNC 2) with two steps' transfers on top of a full weight stream. Buffers per
+    channel: the chunks of two calls (the one running and the next, arriving). The ring
+    starts from x_t itself (`_hbm_buffers`)."""
     k, ms = x_t.shape
     n = w.shape[1]
-    own = steps[0][0]
     nb = 2 * max(len(c) for c in calls)
-    bufs, seed = _hbm_buffers(x_t, steps, nb)
+    bufs = _hbm_buffers(x_t, steps, nb)
 
     def send(s, k0, kl):
-        if s == 0 and seed is not None:
-            nisa.dma_copy(dst=seed[k0:k0 + kl, 0:own.rows], src=x_t[k0:k0 + kl, own.offset:own.offset + own.rows],
-                          name="ag_seed")
         ncc.collective_permute_implicit(
-            srcs_by_channel=[[_hbm_src(x_t, steps, bufs, seed, s, ch, k0, kl)] for ch in steps[s + 1]],
+            srcs_by_channel=[[_hbm_src(x_t, steps, bufs, s, ch, k0, kl)] for ch in steps[s + 1]],
             dsts_by_channel=[[bufs[ch.channel][(s + 1) % nb][k0:k0 + kl, 0:ch.rows]] for ch in steps[s + 1]],
             replica_group=rg, channel_ids=[ch.channel for ch in steps[s + 1]], name=f"ag_step{s}")
 
@@ -293,39 +293,54 @@ def _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, slabs, calls):
             return lambda ch: x_t[0:k, ch.offset:ch.offset + ch.rows]
         return lambda ch: bufs[ch.channel][s % nb][0:k, 0:ch.rows]
 
+    rows = [sum(step_width(steps[s]) for s in c) for c in calls]
+    chunk_rows = max(ch.rows for st in steps[1:] for ch in st) if tp > 1 else 0
+    ahead = hop_iterations(chunk_rows * slabs[0][1] * x_t.dtype.itemsize, max(rows), pipe.t.k_block, n,
+                           nl.num_programs())
+    at = _slab_sends(calls, slabs, [pipe.iterations([r]) for r in rows], pipe.k_blocks, ahead,
+                     lambda s, k0, kl: lambda: send(s - 1, k0, kl))
     for i, c in enumerate(calls):
         blocks = [b for s in c for b in _blocks(y, tp, pos, s, steps[s], ms, n, source(s))]
-        todo = [lambda s=s, k0=k0, kl=kl: send(s - 1, k0, kl)
-                for s in (calls[i + 1] if i + 1 < len(calls) else ()) for k0, kl in slabs]
-        half = (len(todo) + 1) // 2  # spread over the whole call: slab j is needed at block j of the next
-        pipe(blocks, w, side=todo[:half], late=todo[half:], flush=i == len(calls) - 1)
+        pipe(blocks, w, at=at[i], flush=i == len(calls) - 1)
+
+
+def _slab_sends(calls, slabs, iterations, k_blocks, ahead, make):
+    """Per call, the (iteration, send) pairs of `MatmulPipeline`'s ``at``: the send
+    ``make(s, k0, kl)`` delivering slab (k0, kl) of step s of call i goes ``ahead`` K-block
+    iterations per remaining step of the call before the iteration that first reads the
+    slab (the K block holding k0): the last step of a call ``ahead`` before, the one before
+    it (whose slab that send forwards) 2 x ``ahead``. A negative position falls in the tail
+    of call i - 1 (``iterations`` per call)."""
+    first_read = [next(b for b, (t0, tiles) in enumerate(k_blocks) if k0 // PMAX < t0 + len(tiles))
+                  for k0, _ in slabs]
+    at: list[list] = [[] for _ in calls]
+    for i, c in enumerate(calls[1:], 1):
+        for idx, s in enumerate(c):
+            for (k0, kl), b in zip(slabs, first_read):
+                due = b - ahead * (len(c) - idx)
+                at[i if due >= 0 else i - 1].append((due if due >= 0 else iterations[i - 1] + due, make(s, k0, kl)))
+    return at
 
 
 def _hbm_buffers(x_t, steps, nb):
     """The HBM ring's buffers: per channel ``nb`` private-HBM buffers [K, the channel's
-    widest chunk], and at LNC 1 a private-HBM buffer for the own rows the ring starts from
-    (None at LNC 2). At LNC 1 collective srcs on HBM must be private_hbm
-    ("nki.collectives.all_gather": "When LNC degree is 1, the srcs must be on
-    private_hbm"), so the own rows are copied there first; at LNC 2 the ring starts from
-    x_t itself, a DMA fewer."""
+    widest chunk]. The ring starts from x_t itself: the pages of
+    "nki.collectives.collective_permute_implicit" put no LNC rule on where its srcs live
+    (the private-HBM rule is all_gather's, all_reduce's and reduce_scatter's at LNC 1), so
+    no copy of the own rows is made."""
     k = x_t.shape[0]
     chans = sorted({ch.channel for st in steps[1:] for ch in st})
-    bufs = {c: [nl.ndarray((k, max(ch.rows for st in steps[1:] for ch in st if ch.channel == c)),
+    return {c: [nl.ndarray((k, max(ch.rows for st in steps[1:] for ch in st if ch.channel == c)),
                            dtype=x_t.dtype, buffer=nl.private_hbm, name=f"ring{c}_{i}") for i in range(nb)]
             for c in chans}
-    seed = nl.ndarray((k, steps[0][0].rows), dtype=x_t.dtype, buffer=nl.private_hbm, name="ag_seed") \
-        if nl.num_programs() == 1 and chans else None
-    return bufs, seed
 
 
-def _hbm_src(x_t, steps, bufs, seed, s, ch, k0, kl):
+def _hbm_src(x_t, steps, bufs, s, ch, k0, kl):
     """K rows k0..k0+kl of the rows of chunk ``ch`` (of step s + 1) held at step s: in the
-    channel's buffer of step s, or (s = 0) in the seed copy, or in x_t at LNC 2."""
+    channel's buffer of step s, or (s = 0) in x_t."""
     _, lo = _held(steps, s, ch)
     if s > 0:
         return bufs[ch.channel][s % len(bufs[ch.channel])][k0:k0 + kl, lo:lo + ch.rows]
-    if seed is not None:
-        return seed[k0:k0 + kl, lo:lo + ch.rows]
     return x_t[k0:k0 + kl, ch.offset:ch.offset + ch.rows]
 
 
@@ -358,14 +373,11 @@ def allgather_ring(x_t, groups, channels=1, n=None, sbuf_bytes=SBUF_TRN2, both_w
     else:
         steps = gather_steps(base, mine, tp, channels, bool(both_ways))
     g_out = nl.ndarray((k, tp * ms), dtype=x_t.dtype, buffer=nl.shared_hbm, name="gathered")
-    bufs, seed = _hbm_buffers(x_t, steps, 2)
-    own = steps[0][0]
-    if seed is not None:
-        nisa.dma_copy(dst=seed, src=x_t[0:k, own.offset:own.offset + own.rows], name="ag_seed")
+    bufs = _hbm_buffers(x_t, steps, 2)
     for s, step in enumerate(steps):
         if s + 1 < len(steps):
             ncc.collective_permute_implicit(
-                srcs_by_channel=[[_hbm_src(x_t, steps, bufs, seed, s, ch, 0, k)] for ch in steps[s + 1]],
+                srcs_by_channel=[[_hbm_src(x_t, steps, bufs, s, ch, 0, k)] for ch in steps[s + 1]],
                 dsts_by_channel=[[bufs[ch.channel][(s + 1) % 2][0:k, 0:ch.rows]] for ch in steps[s + 1]],
                 replica_group=rg, channel_ids=[ch.channel for ch in steps[s + 1]], name=f"ag_step{s}")
         for ch in step:

@@ -114,6 +114,22 @@ def ring_outlasts_matmul(chunk_bytes: int, rows: int, k: int, n: int, programs: 
     return transfer > matmul
 
 
+def hop_iterations(slab_bytes: int, rows: int, k_block: int, n: int, programs: int = 1) -> int:
+    """K-block iterations of a pipeline call that one ring slab's hop spans, at least 1:
+    ceil((slab / link share + hop latency + a DMA's fixed cost) / block matmul), the slab
+    over one direction of a Trn2 torus link shared by the ``programs`` of an LNC 2 rank,
+    the DMA's fixed cost 1.9 us (descriptor generation plus semaphore to start), the block
+    ceil(rows/128) x k_block x n Tensor Engine cycles at 2.4 GHz. Rates as the simulator
+    has them from the Trainium2 pages (`trnopt.kernels.sim.rates`): a kernel's choice of
+    how early to send, not a simulator call."""
+    from trnopt.kernels.sim.rates import (DEFAULT_LINK, DMA_DESCRIPTOR_S, DMA_SEMAPHORE_TO_START_S,
+                                          TENSOR_ENGINE_HZ)
+    hop = (slab_bytes * programs / DEFAULT_LINK.bandwidth_Bps + DEFAULT_LINK.latency_s
+           + DMA_DESCRIPTOR_S + DMA_SEMAPHORE_TO_START_S)
+    block = -(-rows // PMAX) * k_block * n / TENSOR_ENGINE_HZ
+    return max(1, -(-hop // block)) if block > 0 else 1
+
+
 @dataclass(frozen=True)
 class Chunk:
     """Rows of a shard that arrive at one step of a gather ring.

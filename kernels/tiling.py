@@ -23,6 +23,10 @@ that share a weight ``w``, with every operand in HBM:
   8 banks, round-robin), so one group's evacuation (PSUM -> SBUF with the cast, one
   store per row piece) overlaps the next group's matmuls; evacuation copies alternate
   between the Vector and Scalar engines;
+- streamed x and w K blocks rotate through ``bufs`` staging buffers, 3 where they fit:
+  with 2, block b + 2's load can start only when block b's matmul ends, and where a
+  block's matmul is shorter than a load's fixed cost plus its transfer the Tensor Engine
+  waits on every block; with 3 the load starts a block earlier;
 - ``resident_w``: the whole weight stays in SBUF, loaded once on first use, when it fits
   (small weight shards at large TP degree would otherwise be re-read once per row group);
 - an optional ``addend`` (HBM, [m, n]) is added at evacuation (the reduce-scatter's last
@@ -32,10 +36,6 @@ The SBUF capacity is a parameter (`choose_tiling(sbuf_bytes=...)`), from the tar
 chip (`Target.chip.sbuf_bytes_per_partition`); `SBUF_TRN2` is only the default.
 Buffers are allocated once per pipeline and reused, so the simulator's dependency
 tracking sees the write-after-read hazards that real buffer rotation has.
-
-One module of ~570 lines on purpose: the tiling choice and the pipeline that emits it share
-the same tile arithmetic (PSUM banks, K blocks, residency), every kernel imports both, and
-they are read together; the pipeline is the next thing to move to its own module.
 """
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ class MatmulTiling:
     out_bufs: int = 2  # SBUF staging groups for PSUM evacuation
     resident_w: bool = False  # the whole weight in SBUF, loaded once
     resident_x: bool = False  # a call's x (one row group) in SBUF, loaded once for all column groups
+    bufs: int = 2  # staging buffers of streamed x and w K blocks (3: a block's load starts two blocks ahead)
 
     def __post_init__(self) -> None:
         assert self.k_block >= 1, f"k_block must be >= 1, got {self.k_block}"
+        assert self.bufs in (2, 3), f"bufs must be 2 or 3, got {self.bufs}"
         assert self.m_tiles >= 1 and self.n_tiles >= 1, f"m_tiles, n_tiles must be >= 1, got {self}"
         assert self.m_tiles * self.n_tiles <= PSUM_BANKS, (
             f"a PSUM group of {self.m_tiles} x {self.n_tiles} tiles needs "
@@ -125,8 +127,8 @@ class MatmulTiling:
     def sbuf_bytes(self, k: int, n: int, in_itemsize: int, out_itemsize: int, addend_itemsize: int = 0) -> int:
         """SBUF bytes per partition the pipeline allocates for a [k, n] weight."""
         ncols = min(self.n_tiles * MOVING_FMAX, n)
-        x = 2 * self.k_block * self.m_tiles * STATIONARY_FMAX * in_itemsize
-        w = (math.ceil(k / PMAX) * n if self.resident_w else 2 * self.k_block * ncols) * in_itemsize
+        x = self.bufs * self.k_block * self.m_tiles * STATIONARY_FMAX * in_itemsize
+        w = (math.ceil(k / PMAX) * n if self.resident_w else self.bufs * self.k_block * ncols) * in_itemsize
         o = self.out_bufs * self.m_tiles * ncols * out_itemsize
         a = 2 * self.m_tiles * ncols * addend_itemsize
         if self.resident_x:
@@ -166,9 +168,10 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     2 us of fixed cost, "NKI Performance Guide"), then the fewest bytes loaded from HBM
     (`MatmulTiling.traffic_bytes`: x re-read per column group unless a call's x stays on
     chip, ``resident_x``; w re-read per row group unless it stays on chip, ``resident_w``),
-    then the widest column group. Row groups use all 8 PSUM banks' worth of row tiles the
-    rows need; a resident weight may take narrower column groups. ``addend``: the calls
-    pass addends, of ``addend_itemsize`` bytes per element (default ``in_itemsize``).
+    then the widest column group, then three staging buffers over two. Row groups use all
+    8 PSUM banks' worth of row tiles the rows need; a resident weight may take narrower
+    column groups. ``addend``: the calls pass addends, of ``addend_itemsize`` bytes per
+    element (default ``in_itemsize``).
     """
     m_t = min(math.ceil(rows / STATIONARY_FMAX), PSUM_BANKS)
     n_t = min(math.ceil(n / MOVING_FMAX), max(1, PSUM_BANKS // m_t))
@@ -180,12 +183,13 @@ def choose_tiling(rows: int, k: int, n: int, in_itemsize: int, out_itemsize: int
     widths = [n_t]
     while widths[-1] > 1:
         widths.append(widths[-1] // 2)
-    candidates = [MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx)
+    candidates = [MatmulTiling(k_block=min(kb, kt), m_tiles=m_t, n_tiles=nt, resident_w=resident, resident_x=rx,
+                               bufs=nb)
                   for resident, nts in ((True, widths), (False, [n_t])) for nt in nts for kb in (8, 4, 2, 1)
-                  for rx in {one_row_group and math.ceil(n / MOVING_FMAX) > nt, False}]
+                  for rx in {one_row_group and math.ceil(n / MOVING_FMAX) > nt, False} for nb in (3, 2)]
     fits = [t for t in candidates if t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size) <= budget]
     if fits:
-        return min(fits, key=lambda t: (-t.k_block, t.traffic_bytes(rows, k, n, in_itemsize), -t.n_tiles))
+        return min(fits, key=lambda t: (-t.k_block, t.traffic_bytes(rows, k, n, in_itemsize), -t.n_tiles, -t.bufs))
     t = MatmulTiling(k_block=1, m_tiles=m_t, n_tiles=n_t)
     raise AssertionError(f"matmul tiling for rows={rows}, k={k}, n={n} needs "
                          f"{t.sbuf_bytes(k, n, in_itemsize, out_itemsize, a_size)} SBUF bytes per partition "
@@ -251,13 +255,13 @@ class MatmulPipeline:
         mcols = tiling.m_tiles * STATIONARY_FMAX
         xk = len(self.k_tiles) if tiling.resident_x else kb
         self.x_bufs = [nl.ndarray((PMAX, xk, mcols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_x{i}")
-                       for i in range(2)]
+                       for i in range(2 if tiling.resident_x else tiling.bufs)]
         self._calls = 0
         if tiling.resident_w:
             self.w_res = nl.ndarray((PMAX, len(self.k_tiles), n), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_w")
         else:
             self.w_bufs = [nl.ndarray((PMAX, kb, self.ncols), dtype=in_dtype, buffer=nl.sbuf, name=f"{name}_w{i}")
-                           for i in range(2)]
+                           for i in range(tiling.bufs)]
         self.psum = [nl.ndarray((STATIONARY_FMAX, MOVING_FMAX), dtype=nl.float32, buffer=nl.psum,
                                 name=f"{name}_ps{i}") for i in range(PSUM_BANKS)]
         mt = tiling.m_tiles
@@ -289,8 +293,8 @@ class MatmulPipeline:
 
     def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
                  side: Sequence[tuple[Any, Any]] = (), late: Sequence[tuple[Any, Any]] = (),
-                 lead: Sequence[Any] = (), flush: bool = True, w_key: Any = None, x_sbuf: Any = None,
-                 on_evac: Any = None) -> None:
+                 lead: Sequence[Any] = (), at: Sequence[tuple[int, Any]] = (), flush: bool = True,
+                 w_key: Any = None, x_sbuf: Any = None, on_evac: Any = None) -> None:
         """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
 
         The evacuation of a group (PSUM -> SBUF) is emitted after the next group's first
@@ -305,7 +309,9 @@ class MatmulPipeline:
         evenly over the first half of the call's K-block iterations (a big copy issued at
         once would hold the matmul's loads back);
         ``late``: the same over the second half (for copies whose data arrives during the
-        call). ``flush=False`` leaves the last group's evacuation pending until the next
+        call). ``at``: (iteration, item) pairs, each item emitted after the loads of that
+        K-block iteration of the call (clamped to the call's iterations, `iterations`).
+        ``flush=False`` leaves the last group's evacuation pending until the next
         call or `flush` (the caller must not read those outputs before). ``w_key``: names
         the weight for a resident tiling (a call with another key reloads it). ``x_sbuf``:
         x already on chip, a [128, K tiles, rows] tile in this pipeline's K layout
@@ -336,7 +342,10 @@ class MatmulPipeline:
         # copy i of a list of n goes after iteration start + floor(i * span / n)
         due = [(i * half) // len(side) for i in range(len(side))]
         due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
-        self._side, self._due, self._iter = list(side) + list(late), due, 0
+        due += [min(max(0, i), iters - 1) for i, _ in at]
+        order = sorted(range(len(due)), key=lambda j: due[j])
+        items = list(side) + list(late) + [item for _, item in at]
+        self._side, self._due, self._iter = [items[j] for j in order], [due[j] for j in order], 0
         self._lead = list(lead)
         self._on_evac = on_evac
         if x_sbuf is not None:
@@ -442,7 +451,7 @@ class MatmulPipeline:
                     for b, r0, rs, col in segs:
                         self._load_block(xb, t0, kblock, b.x_t[:, r0:r0 + rs], col, rs, "ld_x")
             else:
-                xb, xslot, xc0 = self.x_bufs[self._xi % 2], 0, 0
+                xb, xslot, xc0 = self.x_bufs[self._xi % len(self.x_bufs)], 0, 0
                 self._xi += 1
                 for b, r0, rs, col in segs:
                     self._load_block(xb, 0, kblock, b.x_t[:, r0:r0 + rs], col, rs, "ld_x")
@@ -452,7 +461,7 @@ class MatmulPipeline:
                     self._loaded.add((t0, n0))
                     self._load_block(self.w_res, t0, kblock, w[:, n0:n0 + ncols], n0, ncols, "ld_w")
             else:
-                wb, wslot, wc0 = self.w_bufs[self._wi % 2], 0, 0
+                wb, wslot, wc0 = self.w_bufs[self._wi % len(self.w_bufs)], 0, 0
                 self._wi += 1
                 self._load_block(wb, 0, kblock, w[:, n0:n0 + ncols], 0, ncols, "ld_w")
             while self._side and self._due[0] <= self._iter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trnopt.kernels.allgather_matmul import _held, allgather_matmul, allgather_ring
+from trnopt.kernels.allgather_matmul import _held, _slab_sends, allgather_matmul, allgather_ring
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference
 from trnopt.kernels.ring import channel_halves, gather_steps, ring_outlasts_matmul
 from trnopt.kernels.sim import TensorSpec, run_ranks
@@ -157,17 +157,41 @@ def test_channel_halves_put_a_direction_together():
     assert channel_halves(5, 2, "t") == [(0, 3), (3, 2)]
 
 
-def test_hbm_ring_seeds_from_the_input_at_lnc2_only(dtypes):
-    """The HBM ring (K not in whole tiles): at LNC 1 step 0 copies x_t into the ring buffer
-    (an LNC 1 collective's HBM sources are private HBM); at LNC 2 it sends from x_t."""
+def test_hbm_ring_sends_from_the_input_at_either_lnc(rng, make_tensor, assert_close, dtypes):
+    """The HBM ring (K not in whole tiles) sends step 0 from x_t itself at LNC 1 as at LNC 2:
+    collective_permute_implicit has no private-HBM rule for its srcs, so there is no copy
+    of the own rows (the simulator would refuse a shared-HBM src to all_gather at LNC 1),
+    and the result is exact."""
     tp, dt = 4, dtypes["bf16"]
-    args = [(TensorSpec((K, 2 * MS), dt), TensorSpec((K, N), dt))] * tp
-    names = {}
+    xs, ws = _inputs(rng, make_tensor, tp, dt, ms=2 * MS)
     for lnc in (1, 2):
-        res = run_ranks(allgather_matmul, args, kwargs={"groups": (tuple(range(tp)),), "channels": 2},
-                        numerics=False, lnc=lnc, timeout_s=120.0)
-        names[lnc] = {i.name for c in res.timeline.cores for i in c.instructions}
-    assert "ag_seed" in names[1] and "ag_seed" not in names[2], names
+        res = run_ranks(allgather_matmul, [(xs[r], ws[r]) for r in range(tp)],
+                        kwargs={"groups": (tuple(range(tp)),), "channels": 2}, lnc=lnc, timeout_s=120.0)
+        copies = [i.name for c in res.timeline.cores for i in c.instructions
+                  if i.engine == "DMA" and not i.name.startswith(("ag_ld", "ag_st"))]
+        assert not copies, (lnc, copies)
+        for r in range(tp):
+            assert_close(res.outputs[r], allgather_matmul_reference(xs, ws[r]), dt, f"lnc {lnc} rank {r}")
+
+
+def test_slab_sends_go_ahead_of_their_first_read_and_after_what_they_forward():
+    """Calls [0], [1, 2], [3]: four slabs of two K blocks each, 8 iterations a call, two
+    iterations ahead per remaining step. Every send of every step >= 1 is placed once, the
+    send delivering step s's slab before the iteration that reads it (in its call, or in
+    the tail of the call before), and a two-step call's second step after its first."""
+    calls = [range(0, 1), range(1, 3), range(3, 4)]
+    k_blocks = [(2 * b, [(256 * b + 128 * j, 128) for j in range(2)]) for b in range(8)]
+    slabs = [(512 * j, 512) for j in range(4)]
+    at = _slab_sends(calls, slabs, [8, 8, 8], k_blocks, 2, lambda s, k0, kl: (s, k0))
+    placed = {item: (i, it) for i, pairs in enumerate(at) for it, item in pairs}
+    assert sorted(placed) == [(s, k0) for s in (1, 2, 3) for k0, _ in slabs]
+    call_of = {s: i for i, c in enumerate(calls) for s in c}
+    for (s, k0), (i, it) in placed.items():
+        read = 2 * (k0 // 512)  # the K block holding k0
+        assert (i, it) < (call_of[s], read), (s, k0, i, it)
+    assert placed[(1, 0)] == (0, 4) and placed[(2, 0)] == (0, 6) and placed[(3, 0)] == (1, 6)
+    for k0, _ in slabs:
+        assert placed[(1, k0)] < placed[(2, k0)]
 
 
 @pytest.mark.parametrize("channels", [1, 2, 4])
