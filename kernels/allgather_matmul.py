@@ -116,8 +116,11 @@ def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, it
     HBM each step's shards are loaded again and step 0 would send twice the bytes while
     loading x and w, where the DMA bandwidth, not the links, bounds the step. (Measured in
     the simulator on the Llama 3 70B/405B rows of benchmarks/kernel_overlap.py: on chip
-    both ways hid as much or more in every row, 70B TP64 LNC 2 0.93 against 0.70; through
-    HBM less in all but one, 405B TP32 LNC 2, 0.867 against 0.820.)
+    both ways hid as much or more in every row, 70B TP64 LNC 2 0.93 against 0.70. Through
+    HBM, with each slab sent just ahead of its first read, both ways hid more in four of
+    the seven rows tried, most at 405B TP32 LNC 2, 0.932 against 0.882, and less at 70B
+    TP16 LNC 2, 0.943 against 0.958: the one below its goal of 0.95, so through HBM the
+    rule stays halves until a test tells the rows apart.)
 
     At LNC 2 a call of one step may be bound by its loads and the ring's transfers (each
     core has half the rows); then a call multiplies two steps' shards, within one PSUM row
