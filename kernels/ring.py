@@ -15,6 +15,7 @@ pattern. `position_after` gives that arithmetic (it works on ints and on registe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -99,35 +100,40 @@ def channel_halves(rows: int, channels: int, what: str) -> list[tuple[int, int]]
     return [parts[order.index(c)] for c in range(channels)]
 
 
+def _hop_seconds(nbytes: int, programs: int) -> float:
+    """One ring hop: ``nbytes`` over one direction of a Trn2 torus link (1,024 GB/s per
+    chip over 2 axes x 2 directions), shared by the ``programs`` of an LNC 2 rank, plus
+    the hop latency, at the Trainium2 pages' rates as the simulator has them
+    (`trnopt.kernels.sim.rates`)."""
+    from trnopt.kernels.sim.rates import DEFAULT_LINK
+    return nbytes * programs / DEFAULT_LINK.bandwidth_Bps + DEFAULT_LINK.latency_s
+
+
+def _matmul_seconds(rows: int, k_tiles: int, n: int) -> float:
+    """ceil(rows/128) x k_tiles x n Tensor Engine cycles at 2.4 GHz (one moving column per
+    cycle per stationary tile; Trainium2 architecture guide)."""
+    from trnopt.kernels.sim.rates import TENSOR_ENGINE_HZ
+    return -(-rows // PMAX) * k_tiles * n / TENSOR_ENGINE_HZ
+
+
 def ring_outlasts_matmul(chunk_bytes: int, rows: int, k: int, n: int, programs: int = 1) -> bool:
     """Whether a ring step's transfer outlasts the step's matmul: a channel's chunk of
-    ``chunk_bytes`` over one direction of a Trn2 torus link (1,024 GB/s per chip over 2 axes
-    x 2 directions, shared by the ``programs`` of an LNC 2 rank) plus a hop latency, against
-    ceil(rows/128) x ceil(k/128) x n Tensor Engine cycles at 2.4 GHz. The rates are the
-    Trainium2 pages' as the simulator has them (`trnopt.kernels.sim.rates`): a kernel's
-    choice of order, not a simulator call. Where the ring outlasts the matmul it is the
-    critical path and its first transfer goes before the matmul's first loads."""
-    from trnopt.kernels.sim.rates import DEFAULT_LINK, TENSOR_ENGINE_HZ
-    link = DEFAULT_LINK.bandwidth_Bps / programs
-    transfer = chunk_bytes / link + DEFAULT_LINK.latency_s
-    matmul = -(-rows // PMAX) * -(-k // PMAX) * n / TENSOR_ENGINE_HZ
-    return transfer > matmul
+    ``chunk_bytes`` over one hop (`_hop_seconds`) against the step's matmul
+    (`_matmul_seconds` over ceil(k/128) K tiles). A kernel's choice of order, not a
+    simulator call: where the ring outlasts the matmul it is the critical path and its
+    first transfer goes before the matmul's first loads."""
+    return _hop_seconds(chunk_bytes, programs) > _matmul_seconds(rows, -(-k // PMAX), n)
 
 
 def hop_iterations(slab_bytes: int, rows: int, k_block: int, n: int, programs: int = 1) -> int:
     """K-block iterations of a pipeline call that one ring slab's hop spans, at least 1:
-    ceil((slab / link share + hop latency + a DMA's fixed cost) / block matmul), the slab
-    over one direction of a Trn2 torus link shared by the ``programs`` of an LNC 2 rank,
-    the DMA's fixed cost 1.9 us (descriptor generation plus semaphore to start), the block
-    ceil(rows/128) x k_block x n Tensor Engine cycles at 2.4 GHz. Rates as the simulator
-    has them from the Trainium2 pages (`trnopt.kernels.sim.rates`): a kernel's choice of
-    how early to send, not a simulator call."""
-    from trnopt.kernels.sim.rates import (DEFAULT_LINK, DMA_DESCRIPTOR_S, DMA_SEMAPHORE_TO_START_S,
-                                          TENSOR_ENGINE_HZ)
-    hop = (slab_bytes * programs / DEFAULT_LINK.bandwidth_Bps + DEFAULT_LINK.latency_s
-           + DMA_DESCRIPTOR_S + DMA_SEMAPHORE_TO_START_S)
-    block = -(-rows // PMAX) * k_block * n / TENSOR_ENGINE_HZ
-    return max(1, -(-hop // block)) if block > 0 else 1
+    ceil((`_hop_seconds` + a DMA's fixed cost) / one K block's `_matmul_seconds`), the
+    fixed cost 1.9 us (descriptor generation plus semaphore to start, Trainium2
+    architecture guide). A kernel's choice of how early to send, not a simulator call."""
+    from trnopt.kernels.sim.rates import DMA_DESCRIPTOR_S, DMA_SEMAPHORE_TO_START_S
+    hop = _hop_seconds(slab_bytes, programs) + DMA_DESCRIPTOR_S + DMA_SEMAPHORE_TO_START_S
+    block = _matmul_seconds(rows, k_block, n)
+    return max(1, math.ceil(hop / block)) if block > 0 else 1
 
 
 @dataclass(frozen=True)

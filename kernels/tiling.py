@@ -292,7 +292,7 @@ class MatmulPipeline:
         return groups * len(self.k_blocks)
 
     def __call__(self, blocks: Sequence[RowBlock], w: Any, *, n_outer: bool = False,
-                 side: Sequence[tuple[Any, Any]] = (), late: Sequence[tuple[Any, Any]] = (),
+                 side: Sequence[tuple[Any, Any]] = (),
                  lead: Sequence[Any] = (), at: Sequence[tuple[int, Any]] = (), flush: bool = True,
                  w_key: Any = None, x_sbuf: Any = None, on_evac: Any = None) -> None:
         """Emit the instructions for every block of ``blocks`` against weight ``w`` [k, n].
@@ -307,10 +307,9 @@ class MatmulPipeline:
         left to right (the reduce-scatter sends column pieces as they complete). ``side``:
         (dst, src) DMA copies, or callables that emit instructions (ring sends), spread
         evenly over the first half of the call's K-block iterations (a big copy issued at
-        once would hold the matmul's loads back);
-        ``late``: the same over the second half (for copies whose data arrives during the
-        call). ``at``: (iteration, item) pairs, each item emitted after the loads of that
-        K-block iteration of the call (clamped to the call's iterations, `iterations`).
+        once would hold the matmul's loads back). ``at``: (iteration, item) pairs, each
+        item emitted after the loads of that K-block iteration of the call (clamped to the
+        call's iterations, `iterations`).
         ``flush=False`` leaves the last group's evacuation pending until the next
         call or `flush` (the caller must not read those outputs before). ``w_key``: names
         the weight for a resident tiling (a call with another key reloads it). ``x_sbuf``:
@@ -341,10 +340,9 @@ class MatmulPipeline:
         half = max(1, iters // 2)
         # copy i of a list of n goes after iteration start + floor(i * span / n)
         due = [(i * half) // len(side) for i in range(len(side))]
-        due += [half + (i * max(1, iters - half)) // len(late) for i in range(len(late))]
         due += [min(max(0, i), iters - 1) for i, _ in at]
         order = sorted(range(len(due)), key=lambda j: due[j])
-        items = list(side) + list(late) + [item for _, item in at]
+        items = list(side) + [item for _, item in at]
         self._side, self._due, self._iter = [items[j] for j in order], [due[j] for j in order], 0
         self._lead = list(lead)
         self._on_evac = on_evac
