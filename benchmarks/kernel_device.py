@@ -74,7 +74,7 @@ def _run_on_device(args: argparse.Namespace) -> int:  # pragma: no cover - needs
     from trnopt.kernels.overlap import BF16, hidden_fraction, launches, speedup
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from kernel_overlap import CHANNELS, MODELS, full_shape, header, row_text  # the simulator's table
+    from kernel_overlap import MODELS, channels_for, full_shape, header, row_text  # the simulator's table
 
     dist.init_process_group("xla")
     rank, tp = dist.get_rank(), dist.get_world_size()
@@ -98,15 +98,16 @@ def _run_on_device(args: argparse.Namespace) -> int:  # pragma: no cover - needs
     for kernel in args.kernels:
         for model in args.models:
             shape = full_shape(kernel, MODELS[model], tp)
-            lx = launches(kernel, shape, tp=tp, channels=CHANNELS, dtype=BF16, numerics=True)
+            ch = 1 if kernel == "alltoall_expert_matmul" else channels_for(tp, args.lnc)
+            lx = launches(kernel, shape, tp=tp, channels=ch, dtype=BF16, numerics=True)
             t_mm, t_cc, t_f = timed(lx.mm, rank), timed(lx.cc, rank), timed(lx.fused, rank)
-            rows.append((kernel, model, shape, t_mm, t_cc, t_f))
+            rows.append((kernel, model, ch, shape, t_mm, t_cc, t_f))
     if rank == 0:
         print(f"trnopt kernel overlap on device: TP{tp}, LNC {args.lnc}, bfloat16, median of {args.iters} runs")
         print(f"environment: {_environment()}")
         print(header())
-        for kernel, model, shape, a, b, c in rows:
-            print(row_text(kernel, model, tp, CHANNELS, args.lnc, shape,
+        for kernel, model, ch, shape, a, b, c in rows:
+            print(row_text(kernel, model, tp, ch, args.lnc, shape,
                            (a, b, c, hidden_fraction(a, b, c), speedup(a, b, c)), "-", 0.0))
         print("T_cc here is the wall time of the collective-alone kernel (staging copies included).")
     return 0

@@ -20,10 +20,11 @@ pipeline sub-chunks. At LNC 2 every kernel splits its rows (the expert kernel it
 capacity slots) between the two physical cores of a rank, which share its links. The expert rows use Mixtral 8x7B instead (hidden 4096, expert
 width 14336, 8 experts top-2: 16384 routed tokens per rank) at EP 4 and 8. Link per channel (one direction of one ring): the Trn2 torus, 1,024
 GB/s per chip over 2 axes x 2 directions = 256 GB/s, hop latency 1.5 us (mid-point of
-the documented ~1-2 us intra-instance); two channels (both ring directions), four where
-the TP group holds every rank of a trn2.48xlarge (TP64 at LNC 2, TP128 at LNC 1: 16
-chips x 8 physical cores), as the collective pages allow and `trnopt.kernels.plan`
-plans (both directions of the torus's two edge-disjoint Hamiltonian cycles). The
+the documented ~1-2 us intra-instance); the channels `trnopt.kernels.plan` plans for the
+TP group where benchmarks/overlap_table.py places it (`channels_for`): one where the
+group spans two chips joined by one link (TP16 at LNC 1, TP8 at LNC 2), four where it
+holds every rank of a trn2.48xlarge (TP64 at LNC 2: both directions of the torus's two
+edge-disjoint Hamiltonian cycles, as the collective pages allow), else two. The
 all-gather runs whole shards both ways (about tp/2 hops) where its ring fits on chip,
 else every shard all the way round in halves (`allgather_matmul.gather_plan`); its T_cc
 is the ring alone on the same schedule.
@@ -32,6 +33,7 @@ is the ring alone on the same schedule.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -41,20 +43,27 @@ import ml_dtypes
 import numpy as np
 
 from trnopt.kernels.overlap import BF16, REGISTRY, measure
+from trnopt.kernels.plan import group_plan
 from trnopt.kernels.sim import LinkModel
 
 SEQ = 8192
 MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
 LINK = LinkModel(bandwidth_Bps=256e9, latency_s=1.5e-6)
-CHANNELS = 2
-NODE_CORES = 128  # physical cores of a trn2.48xlarge: 16 chips x 8
 
 
 def channels_for(tp: int, lnc: int) -> int:
-    """Ring channels of a TP group on the trn2 torus: 4 when it holds every core of the
-    instance ("nki.collectives.collective_permute_implicit": at most 4 channels for
-    replica groups containing all devices inside a node, 2 for other groups), else 2."""
-    return 4 if tp * lnc == NODE_CORES else CHANNELS
+    """Ring channels of a TP group of ``tp`` ranks at this LNC on the trn2 torus, as
+    `trnopt.kernels.plan.group_plan` plans them for the placement the overlap table
+    measures (`overlap_table.TORUS`): 4 where the group holds every core of the instance,
+    else 2 ("nki.collectives.collective_permute_implicit")."""
+    from overlap_table import TORUS, representative_layout  # this directory; the table's placements
+    place = next((p for p in TORUS[lnc] if math.prod(p.values()) == tp), None)
+    if place is None:
+        raise SystemExit(f"kernel_overlap: --tp {tp} at LNC {lnc}: not a TP group of one trn2 instance "
+                         f"(one of {sorted(math.prod(p.values()) for p in TORUS[lnc])})")
+    return group_plan(*representative_layout("trn2", lnc, place), "tp").channels
+
+
 GOALS = ((4, 16, 0.95), (32, 64, 0.80))  # hidden fraction goals by TP range
 EXPERT_GOAL = 0.85
 
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print("trnopt kernel overlap, simulator timeline (trnopt.kernels.sim), registry trnopt.kernels.overlap")
     print(f"environment: {environment()}")
     print(f"link per channel {LINK.bandwidth_Bps / 1e9:.0f} GB/s, {LINK.latency_s * 1e6:.1f} us per hop, "
-          f"{CHANNELS} channels, 4 for a group of a whole trn2 instance (a rank's: under LNC 2 its two cores share "
+          f"channels as trnopt.kernels.plan places the TP group (a rank's: under LNC 2 its two cores share "
           f"them); bfloat16; timings schedule only "
           f"(numerics=False)")
     print(header())

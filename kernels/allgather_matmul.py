@@ -23,8 +23,8 @@ from typing import Any
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
-from trnopt.kernels.ring import (SLAB_BYTES, gather_steps, hop_iterations, position_after, program_share,
-                                ring_outlasts_matmul, ring_setup)
+from trnopt.kernels.ring import (gather_steps, hop_iterations, position_after, program_share, ring_outlasts_matmul,
+                                ring_setup, ring_slabs)
 from trnopt.kernels.tiling import (PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline,
                                    RowBlock, choose_tiling, loads_outlast_matmul, matmul_operands, unit_pieces)
 
@@ -51,8 +51,7 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
         pieces: each ring step moves its chunk in up to this many K-row slabs (of whole
             128-row tiles), so the next step's matmul can start on the first slab while
             the rest still moves; every slab pays the hop latency, and a large slab takes
-            the DMA bandwidth from the matmul's loads for long. None: slabs of about
-            `SLAB_BYTES` per channel.
+            the DMA bandwidth from the matmul's loads for long. None: `ring.ring_slabs`.
         sbuf_bytes: SBUF bytes per partition of the target chip (the tiling's budget).
         both_ways: with 2 or 4 channels, whole shards each way in about tp/2 steps (True)
             or every shard all the way round in halves (False); `ring.gather_steps`.
@@ -88,8 +87,8 @@ def allgather_matmul(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SBUF_TR
         _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls)
     else:
         widest_chunk = max(ch.rows for st in steps[1:] for ch in st) if tp > 1 else mine
-        slab = widest_chunk * x_t.dtype.itemsize * PMAX  # bytes of one 128-row tile of a channel's chunk
-        parts = pieces if pieces is not None else -(-len(pipe.k_tiles) * slab // SLAB_BYTES)
+        parts = pieces if pieces is not None else ring_slabs(widest_chunk * k * x_t.dtype.itemsize,
+                                                             step_width(steps[min(1, tp - 1)]), k, n, nl.num_programs())
         _hbm_ring(x_t, w, y, rg, tp, pos, steps, pipe, unit_pieces(k, PMAX, parts), calls)
     return y
 
@@ -245,7 +244,7 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
     # (One copy per K block: `k_major_copies` with K in whole tiles.)
     own = steps[0][0]
     ring_first = ring_outlasts_matmul(max(ch.rows for ch in steps[1]) * k * x_t.dtype.itemsize,
-                                      step_width(steps[1]), k, n, nl.num_programs())
+                                      step_width(steps[min(1, tp - 1)]), k, n, nl.num_programs())
     lead: list[list] = [[lambda dst=dst, src=src: nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")]
                         for dst, src in pipe.k_major_copies(at(0, 0, own.rows),
                                                             x_t[0:k, own.offset:own.offset + own.rows])]

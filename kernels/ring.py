@@ -125,6 +125,21 @@ def ring_outlasts_matmul(chunk_bytes: int, rows: int, k: int, n: int, programs: 
     return _hop_seconds(chunk_bytes, programs) > _matmul_seconds(rows, -(-k // PMAX), n)
 
 
+def ring_slabs(chunk_bytes: int, rows: int, k: int, n: int, programs: int = 1) -> int:
+    """Slabs a ring step's transfer of ``chunk_bytes`` per channel goes in, at least 1:
+    about `SLAB_BYTES` each, but no more than keep their hop latencies within half of what
+    the step's matmul (`_matmul_seconds` over ``rows`` and ceil(k/128) K tiles) leaves
+    beyond the bytes' hop time (the other half for the DMA the matmul's loads take from
+    the ring): slabs = min(ceil(chunk_bytes / SLAB_BYTES), floor((T_mm - bytes x
+    programs / B) / (2 x latency))). With one channel a shard's whole chunk takes one
+    link, and 16 slabs of a 8 MiB chunk (70B, TP16 at LNC 1) pay 24 us of hop latency a
+    step where the matmul leaves 23. A kernel's choice, at the Trainium2 pages' rates."""
+    from trnopt.kernels.sim.rates import DEFAULT_LINK
+    by_size = -(-chunk_bytes // SLAB_BYTES)
+    slack = _matmul_seconds(rows, -(-k // PMAX), n) - chunk_bytes * programs / DEFAULT_LINK.bandwidth_Bps
+    return max(1, min(by_size, math.floor(slack / (2 * DEFAULT_LINK.latency_s))))
+
+
 def hop_iterations(slab_bytes: int, rows: int, k_block: int, n: int, programs: int = 1) -> int:
     """K-block iterations of a pipeline call that one ring slab's hop spans, at least 1:
     ceil((`_hop_seconds` + a DMA's fixed cost) / one K block's `_matmul_seconds`), the

@@ -7,7 +7,7 @@ import pytest
 
 from trnopt.kernels.allgather_matmul import _held, _slab_sends, allgather_matmul, allgather_ring
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference
-from trnopt.kernels.ring import channel_halves, gather_steps, ring_outlasts_matmul
+from trnopt.kernels.ring import channel_halves, gather_steps, ring_outlasts_matmul, ring_slabs
 from trnopt.kernels.sim import TensorSpec, run_ranks
 
 # Ragged everywhere: M_shard, K and N are not multiples of their tiles (128, 128, 512).
@@ -275,3 +275,15 @@ def test_matmul_bound_ring_loads_its_shard_within_the_first_call(rng, make_tenso
     assert ring_outlasts_matmul(64 * 2048 * 2, 128, 2048, 64)
     first_w, last_shard = order(64, 2048, 64)
     assert first_w > last_shard
+
+
+def test_ring_slabs_keep_their_hop_latencies_within_half_the_matmuls_slack():
+    """Llama 3 70B at TP16, LNC 1 (512 rows a shard, K 8192, 512 columns): a step's matmul
+    is 4 x 64 x 512 cycles = 54.6 us. On one channel the 8 MiB chunk takes 32.8 us of the
+    256 GB/s link, leaving 21.8 us: 7 slabs (10.5 us of hop latency), not the 16 of
+    512 KiB that took the step past its matmul. On two channels each takes 4 MiB (16.4 us,
+    38.2 us left): 8 slabs of 512 KiB, the size rule. A ring that outlasts the matmul goes
+    in one slab."""
+    assert ring_slabs(512 * 8192 * 2, 512, 8192, 512) == 7
+    assert ring_slabs(256 * 8192 * 2, 512, 8192, 512) == 8
+    assert ring_slabs(128 * 8192 * 2, 256, 8192, 256, programs=2) == 1  # 70B TP32 LNC 2: 16.4 us of a shared link > 13.7 us

@@ -27,3 +27,15 @@ def test_a_row_names_its_lnc_and_marks_a_miss():
                                   (1e-3, 5e-4, 1.2e-3, 0.6, 1.25), "-", 0.95)
     assert row.split()[2:5] == ["16", "2", "2"] and row.endswith("0.95 MISS")
     assert kernel_overlap.header().split()[1:5] == ["model", "TP", "ch", "LNC"]
+
+
+def test_benchmark_channels_are_the_plans():
+    """The benchmark runs each TP group on the channels `trnopt.kernels.plan` gives it where
+    the overlap table places it: one on a chip pair, four for a whole trn2 instance."""
+    assert kernel_overlap.channels_for(16, 1) == 1  # 8 cores x 2 chips joined by one link
+    assert kernel_overlap.channels_for(8, 2) == 1
+    assert kernel_overlap.channels_for(32, 2) == 2
+    assert kernel_overlap.channels_for(64, 2) == 4  # every core of a trn2.48xlarge
+    assert kernel_overlap.channels_for(64, 1) == 2
+    with pytest.raises(SystemExit, match="--tp 128 at LNC 2: not a TP group of one trn2 instance"):
+        kernel_overlap.channels_for(128, 2)

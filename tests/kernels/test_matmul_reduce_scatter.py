@@ -205,17 +205,20 @@ def test_on_chip_ring_keeps_the_partials_out_of_hbm(dtypes):
     assert core.busy["DMA"] == pytest.approx((sent + operands) / 368e9, rel=0.01)
 
 
-@pytest.mark.parametrize("ms,k,n", [(256, 256, 4096), (512, 128, 2048)])
-def test_on_chip_ring_in_column_blocks(ms, k, n, rng, make_tensor, assert_close, dtypes):
+@pytest.mark.parametrize("tp,ms,k,n,channels", [(2, 256, 256, 4096, 2), (2, 512, 128, 2048, 2),
+                                                (4, 256, 256, 4096, 1), (3, 256, 256, 4096, 2)])
+def test_on_chip_ring_in_column_blocks(tp, ms, k, n, channels, rng, make_tensor, assert_close, dtypes):
     """A tight SBUF budget: the ring runs in column blocks, one after the other (halves of
-    one and of two whole tiles)."""
+    one and of two whole tiles); a block's last additions wait until the next block's
+    first step, while that block's sums already cross."""
     from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
     from trnopt.kernels.ring import channel_halves
-    sbuf, tp, dt = 64 * 1024, 2, dtypes["bf16"]
-    plan = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 4, sbuf)
+    sbuf, dt = 64 * 1024, dtypes["bf16"]
+    plan = sbuf_ring_plan(ms, k, n, channel_halves(ms, channels, "t"), 2, 4, sbuf)
     assert plan is not None and plan[0] >= 2, plan
     xs, ws = _inputs(rng, make_tensor, tp, dt, k=k, ms=ms, n=n)
-    res = _run(matmul_reduce_scatter, [(xs[r], ws[r]) for r in range(tp)], ((0, 1),), channels=2, sbuf_bytes=sbuf)
+    res = _run(matmul_reduce_scatter, [(xs[r], ws[r]) for r in range(tp)], (tuple(range(tp)),), channels=channels,
+               sbuf_bytes=sbuf)
     ref = matmul_reduce_scatter_reference(xs, ws)
     for r in range(tp):
         assert_close(res.outputs[r], ref[r], dt, f"rank {r}")
