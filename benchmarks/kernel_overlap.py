@@ -54,8 +54,9 @@ LINK = LinkModel(bandwidth_Bps=256e9, latency_s=1.5e-6)
 def channels_for(tp: int, lnc: int) -> int:
     """Ring channels of a TP group of ``tp`` ranks at this LNC on the trn2 torus, as
     `trnopt.kernels.plan.group_plan` plans them for the placement the overlap table
-    measures (`overlap_table.TORUS`): 4 where the group holds every core of the instance,
-    else 2 ("nki.collectives.collective_permute_implicit")."""
+    measures (`overlap_table.TORUS`): 1 where it spans two chips joined by one link, 4
+    where it holds every core of the instance ("nki.collectives.collective_permute_implicit"),
+    else 2."""
     from overlap_table import TORUS, representative_layout  # this directory; the table's placements
     place = next((p for p in TORUS[lnc] if math.prod(p.values()) == tp), None)
     if place is None:

@@ -244,7 +244,7 @@ def _sbuf_ring(x_t, w, y, rg, tp, pos, steps, pipe, n_bufs, calls):
     # (One copy per K block: `k_major_copies` with K in whole tiles.)
     own = steps[0][0]
     ring_first = ring_outlasts_matmul(max(ch.rows for ch in steps[1]) * k * x_t.dtype.itemsize,
-                                      step_width(steps[min(1, tp - 1)]), k, n, nl.num_programs())
+                                      step_width(steps[1]), k, n, nl.num_programs())
     lead: list[list] = [[lambda dst=dst, src=src: nisa.dma_copy(dst=dst, src=src, name="ag_ld_shard")]
                         for dst, src in pipe.k_major_copies(at(0, 0, own.rows),
                                                             x_t[0:k, own.offset:own.offset + own.rows])]

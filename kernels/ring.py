@@ -132,8 +132,10 @@ def ring_slabs(chunk_bytes: int, rows: int, k: int, n: int, programs: int = 1) -
     beyond the bytes' hop time (the other half for the DMA the matmul's loads take from
     the ring): slabs = min(ceil(chunk_bytes / SLAB_BYTES), floor((T_mm - bytes x
     programs / B) / (2 x latency))). With one channel a shard's whole chunk takes one
-    link, and 16 slabs of a 8 MiB chunk (70B, TP16 at LNC 1) pay 24 us of hop latency a
-    step where the matmul leaves 23. A kernel's choice, at the Trainium2 pages' rates."""
+    link, and 16 slabs of an 8 MiB chunk (70B, TP16 at LNC 1) pay 24 us of hop latency a
+    step where the matmul leaves 21.8 (in the simulator 10 slabs hid the whole ring, 12
+    hid 0.79, 16 hid 0.54; this rule takes 7). A kernel's choice, at the Trainium2 pages'
+    rates."""
     from trnopt.kernels.sim.rates import DEFAULT_LINK
     by_size = -(-chunk_bytes // SLAB_BYTES)
     slack = _matmul_seconds(rows, -(-k // PMAX), n) - chunk_bytes * programs / DEFAULT_LINK.bandwidth_Bps
