@@ -51,12 +51,15 @@ MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
 LINK = LinkModel(bandwidth_Bps=256e9, latency_s=1.5e-6)
 
 
-def channels_for(tp: int, lnc: int) -> int:
-    """Ring channels of a TP group of ``tp`` ranks at this LNC on the trn2 torus, as
+def channels_for(kernel: str, tp: int, lnc: int) -> int:
+    """Channels of ``kernel``: 1 for the expert kernel (its all-to-all has no ring), else the
+    ring channels of a TP group of ``tp`` ranks at this LNC on the trn2 torus, as
     `trnopt.kernels.plan.group_plan` plans them for the placement the overlap table
     measures (`overlap_table.TORUS`): 1 where it spans two chips joined by one link, 4
     where it holds every core of the instance ("nki.collectives.collective_permute_implicit"),
     else 2."""
+    if kernel == "alltoall_expert_matmul":
+        return 1
     from overlap_table import TORUS, representative_layout  # this directory; the table's placements
     place = next((p for p in TORUS[lnc] if math.prod(p.values()) == tp), None)
     if place is None:
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if kernel == "alltoall_expert_matmul" and (tp not in (4, 8) or model != args.models[0]):
             continue
         shape = full_shape(kernel, MODELS[model], tp)
-        ch = 1 if kernel == "alltoall_expert_matmul" else channels_for(tp, lnc)
+        ch = channels_for(kernel, tp, lnc)
         t0 = time.perf_counter()
         try:
             r = measure(kernel, shape, tp=tp, channels=ch, link=LINK, dtype=BF16, lnc=lnc)

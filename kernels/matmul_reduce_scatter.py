@@ -16,6 +16,7 @@ Kernels here (references in `trnopt.kernels.references`):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
@@ -131,7 +132,7 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, bufs, pe
     wait for the last sums to arrive and hold the PSUM banks, so the next block's matmuls
     would wait for the ring's last hop too (12 us a block at 70B TP16 LNC 1 on one
     channel)."""
-    # ~70 lines with the docstring: one loop nest whose loads, matmuls, evacuations and
+    # ~100 lines, 30 of them docstring: one loop nest whose loads, matmuls, evacuations and
     # sends share the buffer arithmetic; split, each piece would take all of it as arguments
     k, n = w.shape
     kt = k // PMAX
@@ -170,7 +171,7 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, bufs, pe
         if s + 1 < tp:
             load_x(s + 1)
         last = s == tp - 1
-        out = part[(phase + s) % 2]
+        out, got = part[(phase + s) % 2], recv[(phase + s - 1) % 2]  # got: the sums received at step s - 1
         for g0, gn in tile_spans(n, cols):
             banks = tile_spans(gn, MOVING_FMAX)
             ps = [[psum[(q % 2) * (PSUM_BANKS // 2) + r * len(banks) + b] for b in range(len(banks))]
@@ -185,32 +186,41 @@ def _sbuf_ring(x_t, w, z, rg, tp: int, pos, ms: int, halves, cols: int, bufs, pe
                 for b, (b0, bn) in enumerate(banks):
                     d, src = out[0:rn, r, g0 + b0:g0 + b0 + bn], ps[r][b][0:rn, 0:bn]
                     if last and final:  # the plan is for rings of two or more
-                        eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.gpsimd_engine
-                        nisa.tensor_tensor(d, src, recv[(phase + s - 1) % 2][0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add,
-                                           engine=eng, name="rs_evac_add")
+                        nisa.tensor_tensor(d, src, got[0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add,
+                                           engine=_add_engine(r, b), name="rs_evac_add")
                     else:
                         eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.scalar_engine
                         nisa.tensor_copy(d, src, engine=eng, name="rs_evac")
             if last:
-                def store(g0=g0, gn=gn, banks=banks, s=s, out=out):
-                    for r, (r0, rn) in enumerate(rows):
-                        if not final:
-                            for b, (b0, bn) in enumerate(banks):
-                                d = out[0:rn, r, g0 + b0:g0 + b0 + bn]
-                                eng = nisa.vector_engine if (r + b) % 2 == 0 else nisa.gpsimd_engine
-                                nisa.tensor_tensor(d, d, recv[(phase + s - 1) % 2][0:rn, r, g0 + b0:g0 + b0 + bn],
-                                                   op=nl.add, engine=eng, name="rs_evac_add")
-                        nisa.dma_copy(dst=z[r0:r0 + rn, g0:g0 + gn], src=out[0:rn, r, g0:g0 + gn], name="rs_st")
+                emit = partial(_finish_group, z, out, got, rows, g0, gn, banks, not final)
                 if final:
-                    store()
+                    emit()
                 else:
-                    finish.append(store)
+                    finish.append(emit)
         if s == 0:
             for fn in pending:
                 fn()
         if not last:
             send(s)
     return finish
+
+
+def _add_engine(r: int, b: int):
+    """The engine of the last step's additions: Vector and GpSimd in turn (Scalar has no
+    tensor_tensor)."""
+    return nisa.vector_engine if (r + b) % 2 == 0 else nisa.gpsimd_engine
+
+
+def _finish_group(z, out, got, rows, g0: int, gn: int, banks, add: bool) -> None:
+    """The end of the on-chip ring for columns g0..g0+gn: ``out`` += ``got`` (the sums
+    received) where ``add`` (not already added at evacuation), then ``out`` to z."""
+    for r, (r0, rn) in enumerate(rows):
+        if add:
+            for b, (b0, bn) in enumerate(banks):
+                d = out[0:rn, r, g0 + b0:g0 + b0 + bn]
+                nisa.tensor_tensor(d, d, got[0:rn, r, g0 + b0:g0 + b0 + bn], op=nl.add, engine=_add_engine(r, b),
+                                   name="rs_evac_add")
+        nisa.dma_copy(dst=z[r0:r0 + rn, g0:g0 + gn], src=out[0:rn, r, g0:g0 + gn], name="rs_st")
 
 
 def _received(land: list, acc: list, c: int, s: int) -> Any:
