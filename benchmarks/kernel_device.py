@@ -98,10 +98,10 @@ def _run_on_device(args: argparse.Namespace) -> int:  # pragma: no cover - needs
     for kernel in args.kernels:
         for model in args.models:
             shape = full_shape(kernel, MODELS[model], tp)
-            ch = channels_for(kernel, tp, args.lnc)
-            lx = launches(kernel, shape, tp=tp, channels=ch, dtype=BF16, numerics=True)
-            t_mm, t_cc, t_f = timed(lx.mm, rank), timed(lx.cc, rank), timed(lx.fused, rank)
-            rows.append((kernel, model, ch, shape, t_mm, t_cc, t_f))
+            for ch in channels_for(kernel, tp, args.lnc):
+                lx = launches(kernel, shape, tp=tp, channels=ch, dtype=BF16, numerics=True)
+                t_mm, t_cc, t_f = timed(lx.mm, rank), timed(lx.cc, rank), timed(lx.fused, rank)
+                rows.append((kernel, model, ch, shape, t_mm, t_cc, t_f))
     if rank == 0:
         print(f"trnopt kernel overlap on device: TP{tp}, LNC {args.lnc}, bfloat16, median of {args.iters} runs")
         print(f"environment: {_environment()}")

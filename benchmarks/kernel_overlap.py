@@ -16,7 +16,9 @@ scaled shape and is compared with its NumPy reference (column "check").
 Shapes per rank (sequence 8192, micro-batch 1, BF16): allgather_matmul X [8192 x h]
 gathered from TP shards, W [h x h/TP] (the narrowest column-parallel projection);
 matmul_reduce_scatter X [8192 x h/TP] @ W [h/TP x h]; alltoall_expert_matmul EP ranks, 4
-pipeline sub-chunks. At LNC 2 every kernel splits its rows (the expert kernel its
+pipeline sub-chunks, in both its variants: on ncc.all_to_all (1 channel) and on the ring's
+two directions (2 channels, `trnopt.kernels.ring_alltoall`), each against its own
+collective alone. At LNC 2 every kernel splits its rows (the expert kernel its
 capacity slots) between the two physical cores of a rank, which share its links. The expert rows use Mixtral 8x7B instead (hidden 4096, expert
 width 14336, 8 experts top-2: 16384 routed tokens per rank) at EP 4 and 8. Link per channel (one direction of one ring): the Trn2 torus, 1,024
 GB/s per chip over 2 axes x 2 directions = 256 GB/s, hop latency 1.5 us (mid-point of
@@ -48,24 +50,26 @@ from trnopt.kernels.sim import LinkModel
 
 SEQ = 8192
 MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
+EXPERT_MODEL = "mixtral-8x7b"  # the expert rows' shapes (`full_shape`)
 LINK = LinkModel(bandwidth_Bps=256e9, latency_s=1.5e-6)
 
 
-def channels_for(kernel: str, tp: int, lnc: int) -> int:
-    """Channels of ``kernel``: 1 for the expert kernel (its all-to-all has no ring), else the
-    ring channels of a TP group of ``tp`` ranks at this LNC on the trn2 torus, as
-    `trnopt.kernels.plan.group_plan` plans them for the placement the overlap table
-    measures (`overlap_table.TORUS`): 1 where it spans two chips joined by one link, 4
-    where it holds every core of the instance ("nki.collectives.collective_permute_implicit"),
-    else 2."""
+def channels_for(kernel: str, tp: int, lnc: int) -> tuple[int, ...]:
+    """The channel settings measured for ``kernel``: for the expert kernel both of its
+    variants, 1 (``ncc.all_to_all``, the runtime drives the links) and 2 (the ring's two
+    directions, `trnopt.kernels.ring_alltoall`); else the ring channels of a TP group of
+    ``tp`` ranks at this LNC on the trn2 torus, as `trnopt.kernels.plan.group_plan` plans
+    them for the placement the overlap table measures (`overlap_table.TORUS`): 1 where it
+    spans two chips joined by one link, 4 where it holds every core of the instance
+    ("nki.collectives.collective_permute_implicit"), else 2."""
     if kernel == "alltoall_expert_matmul":
-        return 1
+        return (1, 2)
     from overlap_table import TORUS, representative_layout  # this directory; the table's placements
     place = next((p for p in TORUS[lnc] if math.prod(p.values()) == tp), None)
     if place is None:
         raise SystemExit(f"kernel_overlap: --tp {tp} at LNC {lnc}: not a TP group of one trn2 instance "
                          f"(one of {sorted(math.prod(p.values()) for p in TORUS[lnc])})")
-    return group_plan(*representative_layout("trn2", lnc, place), "tp").channels
+    return (group_plan(*representative_layout("trn2", lnc, place), "tp").channels,)
 
 
 GOALS = ((4, 16, 0.95), (32, 64, 0.80))  # hidden fraction goals by TP range
@@ -127,6 +131,29 @@ def goal_for(kernel: str, tp: int) -> float:
     return next((g for lo, hi, g in GOALS if lo <= tp <= hi), 0.0)
 
 
+def run_row(kernel: str, model: str, tp: int, ch: int, lnc: int, shape: dict, check_data: bool) -> int:
+    """Measure and print one row; 1 if it is below its goal or its data check fails, else 0."""
+    t0 = time.perf_counter()
+    misses = 0
+    try:
+        r = measure(kernel, shape, tp=tp, channels=ch, link=LINK, dtype=BF16, lnc=lnc)
+        check = "-"
+        if check_data:
+            c = measure(kernel, scaled_shape(kernel, tp), tp=tp, channels=ch, link=LINK,
+                        dtype=BF16, numerics=True, seed=7, lnc=lnc)
+            check = f"{'OK' if c.ok else 'WRONG'} {c.max_err:.1e}"
+            misses += not c.ok
+    except Exception as exc:  # noqa: BLE001 - a row that fails is reported, not hidden
+        print(row_text(kernel, model, tp, ch, lnc, shape, None, "", 0, f"{type(exc).__name__}: {exc}"))
+        return 1
+    goal = goal_for(kernel, tp)
+    misses += r.hidden_fraction < goal
+    print(row_text(kernel, model, tp, ch, lnc, shape,
+                   (r.t_mm, r.t_cc, r.t_f, r.hidden_fraction, r.speedup), check, goal)
+          + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return min(misses, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", nargs="+", default=list(REGISTRY), choices=list(REGISTRY))
@@ -147,28 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     misses = 0
     rows = ((k, m, t, n) for k in args.kernels for m in args.models for t in args.tp for n in args.lnc)
     for kernel, model, tp, lnc in rows:
-        if kernel == "alltoall_expert_matmul" and (tp not in (4, 8) or model != args.models[0]):
-            continue
-        shape = full_shape(kernel, MODELS[model], tp)
-        ch = channels_for(kernel, tp, lnc)
-        t0 = time.perf_counter()
-        try:
-            r = measure(kernel, shape, tp=tp, channels=ch, link=LINK, dtype=BF16, lnc=lnc)
-            check = "-"
-            if not args.no_check:
-                c = measure(kernel, scaled_shape(kernel, tp), tp=tp, channels=ch, link=LINK,
-                            dtype=BF16, numerics=True, seed=7, lnc=lnc)
-                check = f"{'OK' if c.ok else 'WRONG'} {c.max_err:.1e}"
-                misses += not c.ok
-        except Exception as exc:  # noqa: BLE001 - a row that fails is reported, not hidden
-            print(row_text(kernel, model, tp, ch, lnc, shape, None, "", 0, f"{type(exc).__name__}: {exc}"))
-            misses += 1
-            continue
-        goal = goal_for(kernel, tp)
-        misses += r.hidden_fraction < goal
-        print(row_text(kernel, model, tp, ch, lnc, shape,
-                       (r.t_mm, r.t_cc, r.t_f, r.hidden_fraction, r.speedup), check, goal)
-              + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if kernel == "alltoall_expert_matmul":
+            if tp not in (4, 8) or model != args.models[0]:
+                continue
+            model = EXPERT_MODEL
+        shape = full_shape(kernel, MODELS.get(model, 0), tp)
+        for ch in channels_for(kernel, tp, lnc):
+            misses += run_row(kernel, model, tp, ch, lnc, shape, not args.no_check)
     print(f"\n{misses} row(s) below goal or wrong. Goals: hidden >= 0.95 at TP4-16, >= 0.80 at TP32-64, "
           f">= {EXPERT_GOAL} for the expert kernel.")
     print("T_cc is the link time of the collective alone (busiest collective engine, its share of the DMA "

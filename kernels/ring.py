@@ -116,6 +116,18 @@ def _matmul_seconds(rows: int, k_tiles: int, n: int) -> float:
     return -(-rows // PMAX) * k_tiles * n / TENSOR_ENGINE_HZ
 
 
+def burst_bytes(rows: int, k_tiles: int, n: int, channels: int = 2) -> int:
+    """Bytes per channel of a ring transfer that holds the core's DMA no longer than one
+    K-block iteration of the matmul: T_iter * 368 GB/s / channels, with T_iter the matmul
+    of ``rows`` x ``k_tiles`` K tiles x ``n`` columns (`_matmul_seconds`). Where the
+    channels together run faster than the core's DMA (two directions at 256 GB/s against
+    368 GB/s), a transfer takes all of it while it runs and the matmul's next loads wait
+    for its end; the loads are issued one iteration ahead, so a burst of one iteration
+    leaves them their turn."""
+    from trnopt.kernels.sim.rates import DMA_BANDWIDTH_BPS
+    return max(1, int(_matmul_seconds(rows, k_tiles, n) * DMA_BANDWIDTH_BPS / channels))
+
+
 def ring_outlasts_matmul(chunk_bytes: int, rows: int, k: int, n: int, programs: int = 1) -> bool:
     """Whether a ring step's transfer outlasts the step's matmul: a channel's chunk of
     ``chunk_bytes`` over one hop (`_hop_seconds`) against the step's matmul

@@ -128,3 +128,65 @@ def test_production_tiles_fit(dtypes):
     args = [(TensorSpec((2, 2, 1, 16384, 32), dt), TensorSpec((1, 16384, 1024), dt))] * 2
     res = _run(alltoall_expert_matmul, args, ((0, 1),), numerics=False)
     assert res.timeline.total_s > 0
+
+
+# --- the ring variant (channels=2): the exchanges on the ring's two directions ----------------
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("ep", [2, 3, 4, 5, 8])
+def test_ring_variant_matches_reference(ep, dtype, rng, make_tensor, assert_close, dtypes):
+    """Odd rings (no opposite rank) and even ones (the opposite block half each way); the
+    default ragged H and F, C = 10 slots (halves of 5)."""
+    dt = dtypes[dtype]
+    xs, ws = _inputs(rng, make_tensor, ep, dt)
+    res = run_ranks(alltoall_expert_matmul, [(xs[r], ws[r]) for r in range(ep)],
+                    kwargs={"groups": (tuple(range(ep)),), "channels": 2}, numerics=True, timeout_s=120.0)
+    ref = alltoall_expert_matmul_reference(xs, ws)
+    for r in range(ep):
+        assert_close(res.outputs[r], ref[r], dt, f"rank {r}")
+
+
+def test_ring_variant_on_a_permuted_ring(rng, make_tensor, assert_close, dtypes):
+    """List order is ring order: rank ids out of order, two disjoint rings."""
+    dt = dtypes["fp32"]
+    groups = ((3, 0, 5, 1), (2, 7, 4, 6))
+    xs, ws = _inputs(rng, make_tensor, 4, dt, s=1)
+    xs, ws = xs + xs, ws + ws  # rank r uses inputs r % 4 in both rings
+    args = [None] * 8
+    for g in groups:
+        for i, r in enumerate(g):
+            args[r] = (xs[i], ws[i])
+    res = run_ranks(alltoall_expert_matmul, args, kwargs={"groups": groups, "channels": 2}, numerics=True,
+                    timeout_s=120.0)
+    ref = alltoall_expert_matmul_reference(xs[:4], ws[:4])
+    for g in groups:
+        for i, r in enumerate(g):
+            assert_close(res.outputs[r], ref[i], dt, f"rank {r}")
+
+
+@pytest.mark.parametrize("ep", [3, 8])
+def test_ring_collectives_alone_are_exact_all_to_alls(ep, rng, make_tensor, assert_exact, dtypes):
+    dt = dtypes["bf16"]
+    xs = [make_tensor(rng, (S, ep, EL, H, C), dt) for _ in range(ep)]
+    ys = [make_tensor(rng, (S, ep, EL, C, F), dt) for _ in range(ep)]
+    res = run_ranks(expert_alltoall, [(xs[r], ys[r]) for r in range(ep)],
+                    kwargs={"groups": (tuple(range(ep)),), "channels": 2}, numerics=True, timeout_s=120.0)
+    rx, ry = alltoall_reference(xs), alltoall_reference(ys)
+    for r in range(ep):
+        assert_exact(res.outputs[r][0], rx[r], f"rank {r} dispatch")
+        assert_exact(res.outputs[r][1], ry[r], f"rank {r} combine")
+
+
+def test_ring_variant_needs_even_slots(dtypes):
+    dt = dtypes["fp32"]
+    x, w = np.zeros((S, 2, EL, H, 5), dtype=dt), np.zeros((EL, H, F), dtype=dt)
+    with pytest.raises(AssertionError, match="expected an even number of slots per core, got 5"):
+        run_ranks(alltoall_expert_matmul, [(x, w), (x, w)], kwargs={"groups": ((0, 1),), "channels": 2},
+                  numerics=True, timeout_s=60.0)
+
+
+def test_channels_other_than_one_or_two_are_refused(dtypes):
+    dt = dtypes["fp32"]
+    x, w = np.zeros((S, 2, EL, H, C), dtype=dt), np.zeros((EL, H, F), dtype=dt)
+    with pytest.raises(AssertionError, match="channels must be 1 .* or 2 .*got 4"):
+        run_ranks(alltoall_expert_matmul, [(x, w), (x, w)], kwargs={"groups": ((0, 1),), "channels": 4},
+                  numerics=True, timeout_s=60.0)

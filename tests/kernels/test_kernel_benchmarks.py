@@ -32,13 +32,13 @@ def test_a_row_names_its_lnc_and_marks_a_miss():
 def test_benchmark_channels_are_the_plans():
     """The benchmark runs each TP group on the channels `trnopt.kernels.plan` gives it where
     the overlap table places it: one on a chip pair, four for a whole trn2 instance; the
-    expert kernel on one."""
+    expert kernel in both its variants (all_to_all, and the ring's two directions)."""
     ag = "allgather_matmul"
-    assert kernel_overlap.channels_for(ag, 16, 1) == 1  # 8 cores x 2 chips joined by one link
-    assert kernel_overlap.channels_for(ag, 8, 2) == 1
-    assert kernel_overlap.channels_for(ag, 32, 2) == 2
-    assert kernel_overlap.channels_for(ag, 64, 2) == 4  # every core of a trn2.48xlarge
-    assert kernel_overlap.channels_for(ag, 64, 1) == 2
-    assert kernel_overlap.channels_for("alltoall_expert_matmul", 8, 2) == 1
+    assert kernel_overlap.channels_for(ag, 16, 1) == (1,)  # 8 cores x 2 chips joined by one link
+    assert kernel_overlap.channels_for(ag, 8, 2) == (1,)
+    assert kernel_overlap.channels_for(ag, 32, 2) == (2,)
+    assert kernel_overlap.channels_for(ag, 64, 2) == (4,)  # every core of a trn2.48xlarge
+    assert kernel_overlap.channels_for(ag, 64, 1) == (2,)
+    assert kernel_overlap.channels_for("alltoall_expert_matmul", 8, 2) == (1, 2)
     with pytest.raises(SystemExit, match="--tp 128 at LNC 2: not a TP group of one trn2 instance"):
         kernel_overlap.channels_for(ag, 128, 2)

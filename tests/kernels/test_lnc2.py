@@ -24,6 +24,9 @@ CASES = [
     ("matmul_reduce_scatter", {"m": 64 * 4, "k": 128, "n": 256}, 4, 2),
     ("matmul_reduce_scatter", {"m": 20 * 3, "k": 96, "n": 300}, 3, 1),  # ragged
     ("alltoall_expert_matmul", {"tokens": 32 * 4, "h": 128, "f": 128, "e_local": 2, "n_sub": 2}, 4, 1),
+    # the ring variant: halves of each core's slots each way, ragged H and F, odd and even rings
+    ("alltoall_expert_matmul", {"tokens": 32 * 4, "h": 130, "f": 96, "e_local": 2, "n_sub": 2}, 4, 2),
+    ("alltoall_expert_matmul", {"tokens": 32 * 3, "h": 130, "f": 96, "e_local": 1, "n_sub": 2}, 3, 2),
 ]
 
 
