@@ -244,8 +244,8 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     # A slab's exchange and its copies into y are deferred one per K-block iteration
     # (`MatmulPipeline.defer`): a burst of copies would hold back the weight loads of the
     # next K block (double-buffered, so their slack is one K block of matmul). A slab spans
-    # enough column groups that its items (the exchange and its copies) fit the iterations
-    # the groups give.
+    # enough column groups that its copies and the exchange's first item fit the iterations
+    # the groups give (the ring's later combine pieces run on into the next groups').
     group_cols = tiling.n_tiles * MOVING_FMAX
     slots = max(1, len(pipe.k_blocks) - 1)  # deferred items per column group (one per iteration after the first)
     groups = -(-f // group_cols)
