@@ -78,9 +78,11 @@ def test_grouped_matmul_alone(rng, make_tensor, assert_close, dtypes):
     assert_close(res.outputs[0], ref, dt)
 
 
-def test_moe_layer_body_end_to_end(rng, make_tensor, assert_close, dtypes):
-    """Route tokens top-2 over 8 experts on 4 ranks, run the kernel, unpack: equals the dense
-    MoE formula for every kept choice (some are dropped by the capacity, on purpose)."""
+@pytest.mark.parametrize("channels", [1, 2])
+def test_moe_layer_body_end_to_end(channels, rng, make_tensor, assert_close, dtypes):
+    """Route tokens top-2 over 8 experts on 4 ranks, run the kernel (either exchange), unpack:
+    equals the dense MoE formula for every kept choice (some are dropped by the capacity, on
+    purpose)."""
     dt, ep, el, t_n, topk, h, f = dtypes["fp32"], 4, 2, 40, 2, 96, 80
     experts = make_tensor(rng, (ep * el, h, f), dt)
     tokens = [make_tensor(rng, (t_n, h), dt) for _ in range(ep)]
@@ -89,7 +91,8 @@ def test_moe_layer_body_end_to_end(rng, make_tensor, assert_close, dtypes):
     packed = [pack_dispatch(tokens[r], ids[r], ep=ep, e_local=el, capacity=8, n_sub=2) for r in range(ep)]
     assert any(s is None for p in packed for row in p[1].slot for s in row), "capacity should drop some"
     ws = [experts[r * el:(r + 1) * el] for r in range(ep)]
-    res = _run(alltoall_expert_matmul, [(packed[r][0], ws[r]) for r in range(ep)], (tuple(range(ep)),))
+    res = run_ranks(alltoall_expert_matmul, [(packed[r][0], ws[r]) for r in range(ep)],
+                    kwargs={"groups": (tuple(range(ep)),), "channels": channels}, numerics=True, timeout_s=120.0)
     for r in range(ep):
         got = unpack_combine(res.outputs[r], packed[r][1], gates[r])
         want = moe_reference(tokens[r], ids[r], gates[r], experts, plan=packed[r][1])
