@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nl
+from trnopt.kernels.ring import position_after
 
 CHANNELS = (0, 1)  # forward, backward (the simulator: even channels forward, odd backward)
 
@@ -86,7 +87,7 @@ class RingExchange:
         assert ep >= 2, f"{name}: ring all-to-all needs ep >= 2, got {ep}"
         assert shape[axis] % 2 == 0, (
             f"{name}: the ring all-to-all halves axis {axis} of each block; expected an even size, got {shape[axis]}")
-        self.ep, self.rg, self.axis, self.name, self.lists = ep, rg, axis, name, lists
+        self.ep, self.rg, self.axis, self.lists = ep, rg, axis, lists
         self.half = tuple(n // 2 if i == axis else n for i, n in enumerate(shape))
         self.bufs = [[nl.ndarray((rounds, len(pieces(ep, d)) - in_flight(ep, d, t)) + self.half, dtype=dtype,
                                  buffer=nl.private_hbm, name=f"{name}{d}_{t}") for t in range(steps(ep) + 1)]
@@ -119,21 +120,19 @@ class RingExchange:
     def arrivals(self, d: int, r: int, box: Sequence[Any]) -> list[tuple[int, Piece, Any]]:
         """``(step, piece, view)`` of the pieces of direction ``d`` that end at this rank, in
         order of arrival (a piece of distance t arrives at step t)."""
-        out = []
-        ps = pieces(self.ep, d)
-        for t in range(1, steps(self.ep) + 1):
-            first = in_flight(self.ep, d, t)
-            for i, p in enumerate(ps[first:]):
-                if p.distance == t:
-                    out.append((t, p, self._view(d, t, r, i, None, box)))
-        return out
+        return [(t, p, self._view(d, t, r, i, None, box)) for t in range(1, steps(self.ep) + 1)
+                for i, p in enumerate(self._ending(d, t))]
 
     def landed(self, d: int, r: int, t: int, box: Sequence[Any]) -> tuple[list[Piece], Any]:
         """The pieces of direction ``d`` that end at this rank at step ``t`` (both halves of
         a block, or the one half of the opposite block) and their view, [pieces, *box], the
         first in the step's buffer."""
-        ps = [p for p in pieces(self.ep, d)[in_flight(self.ep, d, t):] if p.distance == t]
+        ps = self._ending(d, t)
         return ps, self._view(d, t, r, 0, len(ps), box)
+
+    def _ending(self, d: int, t: int) -> list[Piece]:
+        """The pieces of direction ``d`` of distance ``t``: the first of step t's buffer."""
+        return [p for p in pieces(self.ep, d)[in_flight(self.ep, d, t):] if p.distance == t]
 
     def cut(self, view_of_block: Callable[[slice], Any], piece: Piece) -> Any:
         """The half ``piece.half`` of a block, given a function from a slice of the cut axis
@@ -143,10 +142,10 @@ class RingExchange:
 
 
 def destination(pos: Any, ep: int, direction: int, distance: int) -> Any:
-    """Ring position ``distance`` hops from ``pos`` forward (direction 0) or backward (1),
-    as register arithmetic (`ring.position_after` likewise)."""
-    step = distance if direction == 0 else ep - distance
-    return (pos + step) % ep
+    """Ring position ``distance`` hops from ``pos`` forward (direction 0) or backward (1):
+    where data comes from after ``distance`` steps on the other direction's channel
+    (`ring.position_after`, register arithmetic)."""
+    return position_after(pos, distance, ep, 1 - direction)
 
 
 def ring_all_to_all(src: Any, dst: Any, ex: RingExchange, r: int, pos: Any, block: Callable[[Any, Any, slice], Any],
