@@ -9,7 +9,7 @@ matmul's kernel time, T_cc the collective's link time and T_f the fused kernel's
     hidden fraction = 1 - (T_f - T_mm) / T_cc        speedup = (T_mm + T_cc) / T_f
 
 With ``numerics=True`` the fused kernel runs with data and each rank's output is compared
-with the reference (the per-dtype tolerance of `TOLERANCE`).
+with the reference (`agreement`: the per-dtype tolerance of `TOLERANCE`).
 
     from trnopt.kernels.overlap import REGISTRY, measure
     r = measure("allgather_matmul", {"m": 8192, "k": 16384, "n": 512}, tp=32,
@@ -132,17 +132,34 @@ def collective_span(timeline: Any) -> float:
     return best
 
 
-def max_rel_err(actual: Any, expected: Any, dtype: Any) -> tuple[bool, float]:
-    """(within tolerance, max |err| / scale): an element passes when |a - e| <= rtol (|e| + max|e|)."""
+@dataclass(frozen=True)
+class Agreement:
+    """How one output compares with its reference (`agreement`)."""
+
+    ok: bool  #: every element within the tolerance
+    rel: float  #: max |actual - expected| / max |expected| (inf where a value is not finite)
+    off: int  #: elements outside the tolerance (or not finite)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"max |err|/scale {self.rel:.1e}"
+        return f"{self.off} elements off (max |err|/scale {self.rel:.2e})"
+
+
+def agreement(actual: Any, expected: Any, dtype: Any) -> Agreement:
+    """An element passes when |a - e| <= rtol (|e| + max|e|), rtol = ``TOLERANCE[dtype]``:
+    relative to the element, with a floor of rtol times the tensor's scale for elements
+    near zero (where a rounded sum's error is set by its largest terms)."""
     a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     assert a.shape == e.shape, f"output shape {a.shape} != expected {e.shape}"
-    if not np.all(np.isfinite(a)):
-        return False, float("inf")
+    finite = np.isfinite(a)
+    if not np.all(finite):
+        return Agreement(False, float("inf"), int(np.count_nonzero(~finite)))
     rtol = TOLERANCE[np.dtype(dtype)]
     scale = float(np.max(np.abs(e))) if e.size else 0.0
     err = np.abs(a - e)
-    ok = bool(np.all(err <= rtol * (np.abs(e) + scale)))
-    return ok, float(err.max() / scale) if scale else float(err.max(initial=0.0))
+    off = int(np.count_nonzero(err > rtol * (np.abs(e) + scale)))
+    return Agreement(off == 0, float(err.max() / scale) if scale else float(err.max(initial=0.0)), off)
 
 
 def _flat(x: Any) -> list[Any]:
@@ -313,9 +330,9 @@ def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None 
     fused = run(lx.fused, numerics=numerics, symmetric=None if numerics else symmetric, **opts)
     ok = err = None
     if numerics:
-        verdicts = [max_rel_err(got, want, dtype) for out, exp in zip(fused.outputs, lx.expected())
+        verdicts = [agreement(got, want, dtype) for out, exp in zip(fused.outputs, lx.expected())
                     for got, want in zip(_flat(out), _flat(exp))]
-        ok, err = all(v[0] for v in verdicts), max(v[1] for v in verdicts)
+        ok, err = all(v.ok for v in verdicts), max(v.rel for v in verdicts)
     a, b, c = t_mm.total_s, collective_span(t_cc), fused.timeline.total_s
     return OverlapResult(kernel, len(lx.fused.args_per_rank), channels, dict(shape), a, b, c,
                          hidden_fraction(a, b, c), speedup(a, b, c), fused.timeline.exposed_comm_s, numerics, ok, err)

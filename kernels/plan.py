@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from trnopt.kernels import ring_alltoall
 from trnopt.kernels.sim import LinkModel
 from trnopt.kernels.tiling import MOVING_FMAX, PMAX, SBUF_TRN2, choose_tiling
 from trnopt.optimizer.cost import collectives as cc
@@ -119,8 +120,8 @@ class KernelUse:
     k: int
     n: int
     channels: int
-    chunk_bytes: int  # bytes one ring step moves per channel (HBM ring buffer)
-    slab_bytes: int  # one of the PIECES slabs of a chunk
+    chunk_bytes: int  # bytes one ring step moves per channel (expert kernel: per sub-chunk, at the first step)
+    slab_bytes: int  # one of the PIECES slabs of a chunk (expert kernel: the chunk)
     tiling: str
     sbuf_bytes: int  # per partition, the matmul pipeline's SBUF buffers
     sbuf_capacity: int
@@ -178,10 +179,16 @@ class KernelPlan:
             out.append("  no overlap kernels: TP = 1 and no expert parallelism")
         for k in self.kernels:
             out.append(f"  {k.kernel:<23} {k.ops}")
-            out.append(f"    M {k.m} K {k.k} N {k.n}, {k.channels} channel(s), ring chunk "
-                       f"{k.chunk_bytes / 2**20:.2f} MiB per step per channel in {PIECES} slabs of "
-                       f"{k.slab_bytes / 2**20:.2f} MiB; tiles {k.tiling}: {k.sbuf_bytes // 1024} KiB of "
-                       f"{k.sbuf_capacity // 1024} KiB SBUF per partition ({'fits' if k.fits else 'DOES NOT FIT'})")
+            if k.kernel == "alltoall_expert_matmul":
+                moves = ("ncc.all_to_all of " if k.channels == 1 else "the ring's two directions (store and forward), ")
+                moves += f"{k.chunk_bytes / 2**20:.2f} MiB per sub-chunk" + (" per channel at the first step"
+                                                                            if k.channels == 2 else "")
+            else:
+                moves = (f"ring chunk {k.chunk_bytes / 2**20:.2f} MiB per step per channel in {PIECES} slabs of "
+                         f"{k.slab_bytes / 2**20:.2f} MiB")
+            out.append(f"    M {k.m} K {k.k} N {k.n}, {k.channels} channel(s), {moves}; tiles {k.tiling}: "
+                       f"{k.sbuf_bytes // 1024} KiB of {k.sbuf_capacity // 1024} KiB SBUF per partition "
+                       f"({'fits' if k.fits else 'DOES NOT FIT'})")
         out += [f"  note: {n}" for n in self.notes]
         return out
 
@@ -326,7 +333,8 @@ def full_shapes(workload: Workload, layout: Layout) -> dict[str, tuple[int, int,
     return {"allgather_matmul": (m, h, h // tp), "matmul_reduce_scatter": (m, h // tp, h)}
 
 
-def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPlan) -> list[KernelUse]:
+def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPlan,
+                ep: GroupPlan | None = None) -> list[KernelUse]:
     mdl = workload.model
     cap = target.chip.sbuf_bytes_per_partition
     out = []
@@ -348,16 +356,38 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
                              "forward; gradient of QKV and MLP-in inputs backward", m, k, n, ch, chunk,
                              -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, SUM_ITEMSIZE), cap))
     if layout.ep > 1 and mdl.moe is not None:
+        ch = expert_channels(ep) if ep is not None else 1
         tokens = workload.training.seq // layout.cp * layout.micro_batch // layout.tp * mdl.moe.top_k
         e_local = mdl.moe.experts // layout.ep
-        c = max(1, -(-tokens // (layout.ep * e_local * 4)))
+        # capacity slots per (source rank, expert) and sub-chunk; on the ring each core's
+        # slots split in halves, one each way, so they round up to a multiple of 2 x LNC
+        unit = 2 * layout.lnc if ch == 2 else 1
+        c = -(-max(1, -(-tokens // (layout.ep * e_local * 4))) // unit) * unit
         f = mdl.moe.expert_ffn
         t = choose_tiling(layout.ep * c, mdl.hidden, f, ITEMSIZE, ITEMSIZE, sbuf_bytes=cap)
-        chunk = layout.ep * e_local * mdl.hidden * c * ITEMSIZE
+        block = e_local * mdl.hidden * c * ITEMSIZE  # what one rank sends another per sub-chunk
+        # per channel at the first step: the whole send buffer (all_to_all), or the half-blocks
+        # the ring's direction carries
+        chunk = layout.ep * block if ch == 1 else len(ring_alltoall.pieces(layout.ep, 0)) * block // 2
         out.append(KernelUse("alltoall_expert_matmul", f"MoE layers: dispatch, {e_local} local expert(s), combine "
-                             f"(top-{mdl.moe.top_k}, 4 sub-chunks)", tokens, mdl.hidden, f, 1, chunk,
+                             f"(top-{mdl.moe.top_k}, 4 sub-chunks)", tokens, mdl.hidden, f, ch, chunk,
                              chunk, _tiling_text(t), t.sbuf_bytes(mdl.hidden, f, ITEMSIZE, ITEMSIZE), cap))
     return out
+
+
+def expert_channels(ep: GroupPlan) -> int:
+    """The exchange of the expert kernel on EP group ``ep``: 2, store and forward on the
+    ring's two directions (`ring_alltoall`), where the group is a ring of torus or
+    UltraServer-ring links whose both directions it may use (``ep.channels`` >= 2); else 1,
+    ``ncc.all_to_all`` (a switch or the scale-out network, where every pair of ranks has
+    a path of its own, or a group within one chip or of two chips).
+
+    On a ring the bisection bounds every all-to-all: a cut into two arcs is crossed by
+    ep^2/4 blocks each way over two links (Dally and Towles, "Principles and Practices of
+    Interconnection Networks", 2004, ch. 3), which the cost model charges
+    (`collectives.coefficients`, all_to_all on a torus or ring) and store and forward
+    meets; the ring variant makes that schedule the kernel's own."""
+    return 2 if ep.channels >= 2 and ep.link_class in ("torus", "ring") else 1
 
 
 def _tiling_text(t) -> str:
@@ -373,7 +403,7 @@ def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPla
     if layout.tp > 1 and tp.link_class != "core" and tp.channels == 1 and tp.size >= 3:
         notes.append("two chips on a partial axis share one link: one channel")
     return KernelPlan(target.name, layout.describe(), layout.ranks, tp, ep,
-                      tuple(kernel_uses(workload, layout, target, tp)), tuple(notes), layout.lnc,
+                      tuple(kernel_uses(workload, layout, target, tp, ep)), tuple(notes), layout.lnc,
                       shape_class(workload.model.hidden))
 
 

@@ -94,6 +94,26 @@ def test_solve_charges_tp_after_the_measured_overlap(solved_layout):
     assert step["tp"] == pytest.approx(step["tp_raw"] * (1 - frac))
 
 
+def test_kernels_run_the_ring_expert_exchange_on_a_torus_ep_group(tmp_path, capsys):
+    # Mixtral with EP4 along one torus ring of a trn2: the plan picks the ring variant and
+    # the command runs it on all four ranks against the reference
+    target = load_target("trn2")
+    axes = target.axes(2, 1)
+    ep_row = tuple({"x": 4}.get(a.name, 1) for a in axes)
+    dp_row = tuple(a.size // e for a, e in zip(axes, ep_row))
+    rows = tuple({"ep": ep_row, "dp": dp_row}.get(d, (1,) * len(axes)) for d in DIMS)
+    ranks = math.prod(a.size for a in axes)
+    layout = Layout(tp=1, pp=1, dp=ranks, ep=4, axes=axes, placement=rows, lnc=2, zero=1, recompute="full")
+    wl = Workload(load_model("mixtral-8x7b"), Training())
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps({"problem": problem_dict("trn2", "mixtral-8x7b", wl, 1), "layout": layout_dict(layout)}))
+    assert main(["kernels", "--layout", str(path), "--shape", "scaled"]) == 0
+    out = capsys.readouterr().out
+    assert "2 channel(s), the ring's two directions" in out
+    assert "alltoall_expert_matmul  EP4 ring" in out and " OK " in out and "WRONG" not in out
+    assert "overlap: no TP kernels in this plan (TP = 1)\n\n" in out  # and no empty table under it
+
+
 def test_kernels_on_a_tp_group_across_the_trn2u_ring(tmp_path, capsys):
     path = hand_layout(tmp_path, "trn2u", {"ring": 4})  # cores to DP: TP4 across the 4 instances
     capsys.readouterr()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trnopt.kernels.overlap import REGISTRY, hidden_fraction, measure, speedup
+import numpy as np
+
+from trnopt.kernels.overlap import BF16, REGISTRY, agreement, hidden_fraction, measure, speedup
 from trnopt.kernels.sim import LinkModel
 
 LINK = LinkModel(256e9, 1.5e-6)
@@ -66,6 +68,17 @@ def test_numerics_check_catches_a_wrong_reference(monkeypatch, dtypes):
     r = measure("allgather_matmul", {"m": 256, "k": 200, "n": 96}, tp=2, dtype=dtypes["fp32"], link=LINK,
                 numerics=True)
     assert r.ok is False
+
+
+def test_agreement_rule_at_its_boundary():
+    # BF16 rtol 2e-2: an element may be off by 0.02 x (|e| + max|e|); here max|e| = 10
+    e = np.array([10.0, 1.0, 0.0])
+    assert agreement(e + [0.39, 0.21, 0.19], e, BF16).ok  # bounds 0.4, 0.22, 0.2
+    bad = agreement(e + [0.0, 0.23, 0.21], e, BF16)
+    assert not bad.ok and bad.off == 2 and bad.rel == pytest.approx(0.023)
+    assert "2 elements off" in str(bad)
+    nan = agreement([np.nan, 1.0, 0.0], e, BF16)
+    assert not nan.ok and nan.off == 1 and nan.rel == float("inf")
 
 
 def test_ratio_formulas():

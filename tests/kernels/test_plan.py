@@ -128,7 +128,30 @@ def test_ep_groups_partition_and_plan_the_expert_kernel():
     rings, _ = every_ring(layout, target, "ep")
     assert sorted(r for ring in rings for r in ring) == list(range(layout.ranks)) and tuple(rings[0]) == plan.ep.first_group
     assert plan.ep.one_hop and plan.ep.link_class == "switch"
-    assert "alltoall_expert_matmul" in [k.kernel for k in plan.kernels]
+    expert = next(k for k in plan.kernels if k.kernel == "alltoall_expert_matmul")
+    assert expert.channels == 1 and "ncc.all_to_all" in "\n".join(plan.lines())  # a switch: the runtime's
+
+
+@pytest.mark.parametrize("target,ep,lnc,channels", [
+    ("trn2", {"x": 4}, 2, 2),             # a torus ring: both directions, store and forward
+    ("trn2u", {"ring": 4}, 2, 2),         # the UltraServer ring
+    ("trn2", {"x": 4, "y": 2}, 1, 2),     # EP8 on a 4x2 sub-grid's cycle
+    ("trn2", {"x": 2}, 2, 1),             # two chips on a partial axis share one link: one channel, all_to_all
+    ("trn2", {"core": 4}, 2, 1),          # within one chip
+])
+def test_expert_exchange_follows_the_ep_ring(target, ep, lnc, channels):
+    from trnopt.kernels import ring_alltoall
+    moe = Workload(load_model("mixtral-8x7b"), Training(seq=4096, global_batch=256))
+    layout, tgt = layout_for(target, {}, lnc=lnc, ep=ep)
+    plan = kernel_plan(moe, layout, tgt)
+    expert = next(k for k in plan.kernels if k.kernel == "alltoall_expert_matmul")
+    assert expert.channels == channels, (plan.ep.link_class, plan.ep.channels)
+    # bytes per channel at the first step: the whole send buffer, or the ring direction's half-blocks;
+    # on the ring each core's capacity slots are even
+    e_local, h = 8 // layout.ep, 4096
+    block, rem = divmod(expert.chunk_bytes * (1 if channels == 1 else 2), 2 * e_local * h * (
+        layout.ep if channels == 1 else len(ring_alltoall.pieces(layout.ep, 0))))
+    assert rem == 0 and (channels == 1 or block % (2 * lnc) == 0), (expert.chunk_bytes, block)
 
 
 def test_odd_line_without_wrap_is_flagged():
