@@ -44,7 +44,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from trnopt.kernels.overlap import BF16, REGISTRY, measure
+from trnopt.kernels.overlap import BF16, REGISTRY, TOLERANCE, measure
 from trnopt.kernels.plan import group_plan
 from trnopt.kernels.sim import LinkModel
 
@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     print("T_cc is the link time of the collective alone (busiest collective engine, its share of the DMA "
           "bandwidth included); T_mm the same matmul undecomposed on one rank (at LNC 2 split over its two cores "
           "as the kernel splits it).")
+    if not args.no_check:
+        print(f"check: OK when every element is within rtol x (|expected| + the tensor's max |expected|) of the "
+              f"reference (trnopt.kernels.overlap.agreement; BF16 rtol {TOLERANCE[BF16]:g}), followed by "
+              f"max |err| / max |expected| of the worst rank.")
     return 0
 
 
