@@ -79,6 +79,8 @@ def test_agreement_rule_at_its_boundary():
     assert "2 elements off" in str(bad)
     nan = agreement([np.nan, 1.0, 0.0], e, BF16)
     assert not nan.ok and nan.off == 1 and nan.rel == float("inf")
+    wrong = agreement(np.zeros((2, 3)), np.zeros((3, 2)), BF16)
+    assert not wrong.ok and str(wrong) == "shape (2, 3) != expected (3, 2)"
 
 
 def test_ratio_formulas():
