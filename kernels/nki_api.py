@@ -3,7 +3,9 @@
 
     from trnopt.kernels.nki_api import nki, nl, nisa, ncc, USING_REAL_NKI
 
-Kernel source is the same in both cases. Set ``TRNOPT_FORCE_SIM=1`` to use the simulator
+Kernel source is the same in both cases. Under the simulator's import shim
+(`trnopt.kernels.sim.install()`, which AWS's kernels run through) ``import nki`` finds the
+simulator's modules, the same ones as the fallback, and ``USING_REAL_NKI`` stays False. Set ``TRNOPT_FORCE_SIM=1`` to use the simulator
 even where the real package is installed (the multi-rank tests need it: the real CPU
 simulator does not run nki.collectives).
 """
@@ -20,7 +22,9 @@ if os.environ.get("TRNOPT_FORCE_SIM", "") not in ("1", "true", "yes"):
         import nki.isa as nisa  # type: ignore[no-redef]
         import nki.language as nl  # type: ignore[no-redef]
 
-        USING_REAL_NKI = hasattr(nki, "jit") and hasattr(nisa, "nc_matmul")
+        # with `trnopt.kernels.sim.install()` in effect, ``import nki`` is the simulator itself
+        USING_REAL_NKI = (hasattr(nki, "jit") and hasattr(nisa, "nc_matmul")
+                          and not nki.__name__.startswith("trnopt.kernels.sim"))
     except ImportError:
         USING_REAL_NKI = False
 

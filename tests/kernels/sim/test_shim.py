@@ -3,6 +3,7 @@ runs FILE::KERNEL and reports bad input in one line with exit status 2."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,6 +63,31 @@ def test_install_maps_nki_and_its_submodules(kernel_file) -> None:
         np.testing.assert_array_equal(x, 2 * a)  # written inputs update in place
     finally:
         sim.uninstall()
+
+
+def test_trnopt_kernels_run_through_the_shim() -> None:
+    # As AWS's kernels do: the shim installed first, trnopt's kernels then import nki through
+    # it (a fresh interpreter, so nki_api resolves `import nki` after install()), run on four
+    # ranks and match their references; nki_api does not take the shim for a real package.
+    code = textwrap.dedent('''
+        from trnopt.kernels import sim
+        sim.install()
+        import nki, nki.collectives
+        from trnopt.kernels import nki_api
+        assert nki_api.nki is nki and nki_api.ncc is nki.collectives and not nki_api.USING_REAL_NKI
+        from trnopt.kernels.overlap import BF16, measure
+        for kernel, shape in (("allgather_matmul", {"m": 256, "k": 200, "n": 96}),
+                              ("matmul_reduce_scatter", {"m": 256, "k": 130, "n": 300}),
+                              ("alltoall_expert_matmul", {"tokens": 64, "h": 130, "f": 96, "n_sub": 2})):
+            r = measure(kernel, shape, tp=4, link=sim.LinkModel(256e9, 1.5e-6), channels=2, numerics=True,
+                        dtype=BF16)
+            print(kernel, r.ok)
+    ''')
+    env = {k: v for k, v in os.environ.items() if k != "TRNOPT_FORCE_SIM"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["allgather_matmul", "True", "matmul_reduce_scatter", "True",
+                                  "alltoall_expert_matmul", "True"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
