@@ -103,7 +103,9 @@ def check_tp(group: GroupPlan, kernel: str, lnc: int = 1) -> list[Check]:
     return out
 
 
-def check_ep(group: GroupPlan, lnc: int = 1, channels: int = 1) -> list[Check]:
+def check_ep(group: GroupPlan, lnc: int = 1, channels: int = 1, e_local: int = 1) -> list[Check]:
+    """The expert kernel on all ranks of one EP group at a scaled shape, with the plan's
+    exchange and up to two of its local experts (``e_local``), against the reference."""
     from trnopt.kernels.alltoall_expert_matmul import alltoall_expert_matmul, alltoall_expert_matmul_reference
     from trnopt.kernels.overlap import operand
     from trnopt.kernels.sim import run_ranks
@@ -111,7 +113,7 @@ def check_ep(group: GroupPlan, lnc: int = 1, channels: int = 1) -> list[Check]:
     ring = local_ring(group.first_group)
     ep = len(ring)
     pos = {r: i for i, r in enumerate(ring)}
-    s_n, el, h, c, f = 2, 1, 128, 32, 128
+    s_n, el, h, c, f = 2, min(e_local, 2), 128, 32, 128
     x = [operand((s_n, ep, el, h, c), BF16, True, seed=300 + p) for p in range(ep)]
     w = [operand((el, h, f), BF16, True, seed=400 + p) for p in range(ep)]
     t0 = time.perf_counter()
@@ -224,7 +226,7 @@ def run(args) -> int:
             checks += check_tp(plan.tp, kernel, plan.lnc)
     expert = next((k for k in plan.kernels if k.kernel == "alltoall_expert_matmul"), None)
     if plan.ep is not None and expert is not None:
-        checks += check_ep(plan.ep, plan.lnc, expert.channels)
+        checks += check_ep(plan.ep, plan.lnc, expert.channels, workload.model.moe.experts // layout.ep)
     say("")
     say(f"simulator, scaled shape, data (BF16: an element passes within {overlap.TOLERANCE[BF16]:g} x (its value "
         f"+ the tensor's largest)), all ranks of one group:")

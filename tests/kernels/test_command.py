@@ -111,6 +111,7 @@ def test_kernels_run_the_ring_expert_exchange_on_a_torus_ep_group(tmp_path, caps
     out = capsys.readouterr().out
     assert "2 channel(s), the ring's two directions" in out
     assert "alltoall_expert_matmul  EP4 ring" in out and " OK " in out and "WRONG" not in out
+    assert "E_local 2" in out  # Mixtral's 8 experts over EP4: the check runs the plan's two per rank
     assert "overlap: no TP kernels in this plan (TP = 1)\n\n" in out  # and no empty table under it
 
 
