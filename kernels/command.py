@@ -225,7 +225,7 @@ def run(args) -> int:
         for kernel in ("allgather_matmul", "matmul_reduce_scatter"):
             checks += check_tp(plan.tp, kernel, plan.lnc)
     expert = next((k for k in plan.kernels if k.kernel == "alltoall_expert_matmul"), None)
-    if plan.ep is not None and expert is not None:
+    if expert is not None:  # only where the layout has an EP group
         checks += check_ep(plan.ep, plan.lnc, expert.channels, workload.model.moe.experts // layout.ep)
     say("")
     say(f"simulator, scaled shape, data (BF16: an element passes within {overlap.TOLERANCE[BF16]:g} x (its value "

@@ -5,9 +5,9 @@
 
 Kernel source is the same in both cases. Under the simulator's import shim
 (`trnopt.kernels.sim.install()`, which AWS's kernels run through) ``import nki`` finds the
-simulator's modules, the same ones as the fallback, and ``USING_REAL_NKI`` stays False. Set ``TRNOPT_FORCE_SIM=1`` to use the simulator
-even where the real package is installed (the multi-rank tests need it: the real CPU
-simulator does not run nki.collectives).
+simulator's modules, the same ones as the fallback, and ``USING_REAL_NKI`` stays False.
+Set ``TRNOPT_FORCE_SIM=1`` to use the simulator even where the real package is installed
+(the multi-rank tests need it: the real CPU simulator does not run nki.collectives).
 """
 
 from __future__ import annotations

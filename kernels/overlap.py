@@ -139,11 +139,11 @@ class Agreement:
     ok: bool  #: every element within the tolerance
     rel: float  #: max |actual - expected| / max |expected| (inf where a value is not finite)
     off: int  #: elements outside the tolerance (or not finite)
-    shape: str = ""  #: "(got) != (expected)" where the shapes differ (then nothing else is compared)
+    mismatch: str = ""  #: "(got) != expected (want)" where the shapes differ (nothing else compared)
 
     def __str__(self) -> str:
-        if self.shape:
-            return f"shape {self.shape}"
+        if self.mismatch:
+            return f"shape {self.mismatch}"
         if self.ok:
             return f"max |err|/scale {self.rel:.1e}"
         return f"{self.off} elements off (max |err|/scale {self.rel:.2e})"

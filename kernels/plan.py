@@ -334,7 +334,7 @@ def full_shapes(workload: Workload, layout: Layout) -> dict[str, tuple[int, int,
 
 
 def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPlan,
-                ep: GroupPlan | None = None) -> list[KernelUse]:
+                ep: GroupPlan | None) -> list[KernelUse]:
     mdl = workload.model
     cap = target.chip.sbuf_bytes_per_partition
     out = []
@@ -355,14 +355,15 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
         out.append(KernelUse("matmul_reduce_scatter", "attention-out and MLP-out projections (row-parallel) "
                              "forward; gradient of QKV and MLP-in inputs backward", m, k, n, ch, chunk,
                              -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, SUM_ITEMSIZE), cap))
-    if layout.ep > 1 and mdl.moe is not None:
-        ch = expert_channels(ep) if ep is not None else 1
+    if ep is not None and mdl.moe is not None:
+        ch = expert_channels(ep)
         tokens = workload.training.seq // layout.cp * layout.micro_batch // layout.tp * mdl.moe.top_k
         e_local = mdl.moe.experts // layout.ep
         # capacity slots per (source rank, expert) and sub-chunk; on the ring each core's
         # slots split in halves, one each way, so they round up to a multiple of 2 x LNC
         unit = 2 * layout.lnc if ch == 2 else 1
-        c = -(-max(1, -(-tokens // (layout.ep * e_local * 4))) // unit) * unit
+        c = max(1, -(-tokens // (layout.ep * e_local * 4)))
+        c = -(-c // unit) * unit
         f = mdl.moe.expert_ffn
         t = choose_tiling(layout.ep * c, mdl.hidden, f, ITEMSIZE, ITEMSIZE, sbuf_bytes=cap)
         block = e_local * mdl.hidden * c * ITEMSIZE  # what one rank sends another per sub-chunk
