@@ -6,7 +6,9 @@ time of the ring / all-to-all kernel without matmul), T_f (the fused kernel), hi
 fraction 1 - (T_f - T_mm) / T_cc and speedup (T_mm + T_cc) / T_f, on the simulator's
 engine timeline (schedule only: the full shapes are too large to simulate with data
 here). Beside each row, the same kernel on the same ring and channels runs with data at a
-scaled shape and is compared with its NumPy reference (column "check").
+scaled shape and is compared with its NumPy reference (column "check"). Under a row below
+its goal, a line says where T_f - T_cc went: before the first transfer, transfers beyond
+T_cc, after the last (`OverlapResult.overrun`), beside what the goal allows.
 
     python benchmarks/kernel_overlap.py                         # every row
     python benchmarks/kernel_overlap.py --tp 32 64 --models llama3-70b
@@ -125,6 +127,17 @@ def row_text(kernel: str, model: str, tp: int, ch: int, lnc: int, shape: dict, t
                    f"{goal:>4.2f} {mark}")
 
 
+def overrun_text(r, goal: float) -> str:
+    """The line under a row below its goal: where T_f - T_cc went (`OverlapResult.overrun`)
+    and how much of it the goal allows: hidden >= goal <=> T_f - T_cc <= T_mm - goal x T_cc."""
+    before, beyond, after = (x * 1e6 for x in r.overrun())
+    allowed = (r.t_mm - goal * r.t_cc) * 1e6
+    reach = (f"the goal allows {allowed:.1f} (T_mm - goal x T_cc)" if allowed > 0
+             else "no schedule reaches the goal (T_mm < goal x T_cc)")
+    return (f"    T_f - T_cc = {(r.t_f - r.t_cc) * 1e6:.1f} us: {before:.1f} before the first transfer "
+            f"+ {beyond:.1f} of transfers beyond T_cc + {after:.1f} after the last; {reach}")
+
+
 def goal_for(kernel: str, tp: int) -> float:
     if kernel == "alltoall_expert_matmul":
         return EXPERT_GOAL
@@ -151,6 +164,8 @@ def run_row(kernel: str, model: str, tp: int, ch: int, lnc: int, shape: dict, ch
     print(row_text(kernel, model, tp, ch, lnc, shape,
                    (r.t_mm, r.t_cc, r.t_f, r.hidden_fraction, r.speedup), check, goal)
           + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if r.hidden_fraction < goal:
+        print(overrun_text(r, goal), flush=True)
     return min(misses, 1)
 
 

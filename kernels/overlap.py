@@ -101,12 +101,27 @@ class OverlapResult:
     hidden_fraction: float
     speedup: float
     exposed_comm_f: float
+    cc_window: tuple[float, float]  #: the fused run's `collective_window`
     numerics: bool
     ok: bool | None = None
     max_err: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def overrun(self) -> tuple[float, float, float]:
+        """T_f - T_cc in three parts, cut at the fused run's collectives ((s, e) = ``cc_window``):
+
+            before = s              the first transfer waits (for the loads it sends)
+            beyond = e - s - T_cc   the transfers' span past the collective alone (hop
+                                    latencies of split transfers, waits for the matmul,
+                                    the DMA bandwidth shared with its loads)
+            after  = T_f - e        the matmul of the last rows to arrive, and its stores
+
+        so hidden fraction = (T_mm - before - beyond - after) / T_cc, from
+        1 - (T_f - T_mm) / T_cc."""
+        s, e = self.cc_window
+        return s, e - s - self.t_cc, self.t_f - e
 
 
 def operand(shape: tuple[int, ...], dtype: Any, numerics: bool, seed: int = 0) -> Any:
@@ -130,6 +145,15 @@ def collective_span(timeline: Any) -> float:
             if engine.startswith("CC"):
                 best = max(best, busy)
     return best
+
+
+def collective_window(timeline: Any) -> tuple[float, float]:
+    """(start of the first, end of the last) collective transfer of a run: the busy
+    intervals of every collective engine ("CC<channel>") on every core, in seconds;
+    (0, 0) when the run has none."""
+    spans = [iv for core in timeline.cores for engine, ivs in core.intervals.items() if engine.startswith("CC")
+             for iv in ivs]
+    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -339,4 +363,5 @@ def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None 
         ok, err = all(v.ok for v in verdicts), max(v.rel for v in verdicts)
     a, b, c = t_mm.total_s, collective_span(t_cc), fused.timeline.total_s
     return OverlapResult(kernel, len(lx.fused.args_per_rank), channels, dict(shape), a, b, c,
-                         hidden_fraction(a, b, c), speedup(a, b, c), fused.timeline.exposed_comm_s, numerics, ok, err)
+                         hidden_fraction(a, b, c), speedup(a, b, c), fused.timeline.exposed_comm_s,
+                         collective_window(fused.timeline), numerics, ok, err)

@@ -29,6 +29,18 @@ def test_a_row_names_its_lnc_and_marks_a_miss():
     assert kernel_overlap.header().split()[1:5] == ["model", "TP", "ch", "LNC"]
 
 
+def test_a_miss_says_where_its_overrun_went():
+    from trnopt.kernels.overlap import OverlapResult
+    r = OverlapResult("allgather_matmul", 32, 2, {}, t_mm=233e-6, t_cc=278e-6, t_f=293e-6,
+                      hidden_fraction=1 - 60 / 278, speedup=511 / 293, exposed_comm_f=0.0,
+                      cc_window=(4e-6, 287e-6), numerics=False)
+    line = kernel_overlap.overrun_text(r, 0.80)
+    assert "T_f - T_cc = 15.0 us: 4.0 before the first transfer + 5.0 of transfers beyond T_cc + 6.0 after" in line
+    assert line.endswith("the goal allows 10.6 (T_mm - goal x T_cc)")
+    short = OverlapResult("allgather_matmul", 32, 2, {}, 200e-6, 278e-6, 290e-6, 0.0, 1.0, 0.0, (0.0, 285e-6), False)
+    assert kernel_overlap.overrun_text(short, 0.80).endswith("no schedule reaches the goal (T_mm < goal x T_cc)")
+
+
 def test_benchmark_channels_are_the_plans():
     """The benchmark runs each TP group on the channels `trnopt.kernels.plan` gives it where
     the overlap table places it: one on a chip pair, four for a whole trn2 instance; the

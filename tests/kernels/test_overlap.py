@@ -36,6 +36,22 @@ def test_allgather_timings(dtypes):
     assert t["numerics"] is False
 
 
+@pytest.mark.parametrize("kernel,shape,ch", [
+    ("allgather_matmul", {"m": 1024, "k": 512, "n": 512}, 2),
+    ("matmul_reduce_scatter", {"m": 1024, "k": 256, "n": 1024}, 1),
+    ("alltoall_expert_matmul", {"tokens": 256, "h": 256, "f": 256, "n_sub": 2}, 2),
+])
+def test_overrun_parts_sum_to_what_the_fused_kernel_adds(kernel, shape, ch, dtypes):
+    r = measure(kernel, shape, tp=4, dtype=dtypes["bf16"], link=LINK, channels=ch)
+    before, beyond, after = r.overrun()
+    first, last = r.cc_window
+    assert 0 <= first < last <= r.t_f and before == first and after == r.t_f - last
+    assert before + beyond + after == pytest.approx(r.t_f - r.t_cc)
+    assert (r.t_mm - before - beyond - after) / r.t_cc == pytest.approx(r.hidden_fraction)
+    if kernel == "matmul_reduce_scatter":
+        assert before > 0  # the first partial sum must be computed before it can move
+
+
 def test_reduce_scatter_timings(dtypes):
     t = measure("matmul_reduce_scatter", {"m": 1024, "k": 256, "n": 1024}, tp=4, dtype=dtypes["bf16"],
                 link=LINK, channels=1).as_dict()
