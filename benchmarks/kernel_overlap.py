@@ -46,7 +46,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from trnopt.kernels.overlap import BF16, REGISTRY, TOLERANCE, measure
+from trnopt.kernels.overlap import BF16, REGISTRY, TOLERANCE, OverlapResult, measure
 from trnopt.kernels.plan import group_plan
 from trnopt.kernels.sim import LinkModel
 
@@ -127,7 +127,7 @@ def row_text(kernel: str, model: str, tp: int, ch: int, lnc: int, shape: dict, t
                    f"{goal:>4.2f} {mark}")
 
 
-def overrun_text(r, goal: float) -> str:
+def overrun_text(r: OverlapResult, goal: float) -> str:
     """The line under a row below its goal: where T_f - T_cc went (`OverlapResult.overrun`)
     and how much of it the goal allows: hidden >= goal <=> T_f - T_cc <= T_mm - goal x T_cc."""
     before, beyond, after = (x * 1e6 for x in r.overrun())
