@@ -112,7 +112,8 @@ class OverlapResult:
     def overrun(self) -> tuple[float, float, float]:
         """T_f - T_cc in three parts, cut at the fused run's collectives ((s, e) = ``cc_window``):
 
-            before = s              the first transfer waits (for the loads it sends)
+            before = s              the first transfer waits for what it sends (loads,
+                                    or a first partial sum)
             beyond = e - s - T_cc   the transfers' span past the collective alone (hop
                                     latencies of split transfers, waits for the matmul,
                                     the DMA bandwidth shared with its loads)
