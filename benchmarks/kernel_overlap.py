@@ -61,16 +61,17 @@ def channels_for(kernel: str, tp: int, lnc: int) -> tuple[int, ...]:
     variants, 1 (``ncc.all_to_all``, the runtime drives the links) and 2 (the ring's two
     directions, `trnopt.kernels.ring_alltoall`); else the ring channels of a TP group of
     ``tp`` ranks at this LNC on the trn2 torus, as `trnopt.kernels.plan.group_plan` plans
-    them for the placement the overlap table measures (`overlap_table.TORUS`): 1 where it
+    them for the placement the overlap table measures inside one instance (`overlap_table.tp_groups`): 1 where it
     spans two chips joined by one link, 4 where it holds every core of the instance
     ("nki.collectives.collective_permute_implicit"), else 2."""
     if kernel == "alltoall_expert_matmul":
         return (1, 2)
-    from overlap_table import TORUS, representative_layout  # this directory; the table's placements
-    place = next((p for p in TORUS[lnc] if math.prod(p.values()) == tp), None)
+    from overlap_table import representative_layout, tp_groups  # this directory; the table's placements
+    groups = tp_groups("trn2", lnc, "llama3-405b")
+    place = next((groups[tp, cls] for cls in ("core", "torus") if (tp, cls) in groups), None)
     if place is None:
         raise SystemExit(f"kernel_overlap: --tp {tp} at LNC {lnc}: not a TP group of one trn2 instance "
-                         f"(one of {sorted(math.prod(p.values()) for p in TORUS[lnc])})")
+                         f"(one of {sorted({d for d, cls in groups if cls in ('core', 'torus')})})")
     return (group_plan(*representative_layout("trn2", lnc, place), "tp").channels,)
 
 

@@ -4,18 +4,23 @@ link class, LNC, shape class).
     python benchmarks/overlap_table.py --out targets/measured/overlap.json --force
     python benchmarks/overlap_table.py --targets trn2 --jobs 2      # one target, two processes
 
-For each row, a representative layout places the TP group as the solver does (cores of a
-chip first, then the fastest axes), or on the axis the row names (a TP group on the
-trn2u ring); `trnopt.kernels.plan` gives its ring order, channels and per-channel link
-model, the target's chip its SBUF capacity; both TP kernels then run through the overlap
-harness (`trnopt.kernels.overlap.measure`: T_mm, T_cc, T_f) on the timeline only
-(numerics=False; tests/kernels and benchmarks/kernel_overlap.py check the numerics).
+Rows: every TP group the solver can place for the two models on each Trainium target, at
+each LNC the chip allows, on two domains: one row per (TP degree, link class) and kernel,
+so the cost model reads a measured row for any layout the search can choose. The
+representative placement of a (degree, link class) is `space.group_spans`'s: the most
+ranks on the innermost axes (cores of a chip first), crossing the slowest link class with
+the smallest factor that crosses it. `trnopt.kernels.plan` gives its ring order, channels
+and per-channel link model, the target's chip its SBUF capacity; both TP kernels then run
+through the overlap harness (`trnopt.kernels.overlap.measure`: T_mm, T_cc, T_f) on the
+timeline only (numerics=False; tests/kernels and benchmarks/kernel_overlap.py check the
+numerics).
 The simulator runs symmetric (one representative rank) where that is exact and falls
 back to every rank otherwise (the reduce-scatter reads its input at rank-dependent
 offsets, which a symmetric run cannot check).
 
-Shapes (shape class ``hidden<h>``): Llama 3 405B (hidden 16384) and 70B (8192), one
-micro-batch of 8192 tokens, the narrowest TP projection (h x h/tp; see plan.full_shapes).
+Shapes (shape class ``hidden<h>``): Llama 3 405B (hidden 16384, TP degrees up to 128)
+and 70B (8192, up to 64; `space.tp_degrees`), one micro-batch of 8192 tokens, the
+narrowest TP projection (h x h/tp; see plan.full_shapes).
 LNC: the layout's logical core; the simulator runs that many programs per rank (at LNC 2
 the two physical cores split every kernel's work and share the rank's links), recorded as
 ``programs`` in each row. The file records its provenance
@@ -43,33 +48,20 @@ from trnopt.kernels.plan import group_plan, local_ring
 from trnopt.optimizer.cost.overlap import shape_class
 from trnopt.optimizer.model.layout import DIMS, Layout
 from trnopt.optimizer.model.target import load_target
+from trnopt.optimizer.model.workload import load_model
+from trnopt.optimizer.search.space import group_spans, tp_degrees
 
 VERSION = 1
 SEQ = 8192
-MODELS = {"llama3-405b": 16384, "llama3-70b": 8192}
+MODELS = ("llama3-405b", "llama3-70b")
 KERNELS = ("allgather_matmul", "matmul_reduce_scatter")
-# TP groups in a Trainium2 chip's cores and torus, at LNC=2 (4 ranks a chip) and LNC=1 (8)
-TORUS = {2: [{"core": 2}, {"core": 4}, {"core": 4, "x": 2}, {"core": 4, "x": 4}, {"core": 4, "x": 4, "y": 2},
-             {"core": 4, "x": 4, "y": 4}],
-         1: [{"core": 2}, {"core": 4}, {"core": 8}, {"core": 8, "x": 2}, {"core": 8, "x": 4},
-             {"core": 8, "x": 4, "y": 2}]}
-BOTH = ("llama3-405b", "llama3-70b")
-# target -> [(LNC, TP placements, models)]
-CONFIGS = {
-    "trn2": [(lnc, TORUS[lnc], BOTH) for lnc in (2, 1)],
-    "trn2u": [(lnc, TORUS[lnc], BOTH) for lnc in (2, 1)]
-             + [(2, [{"ring": 4}, {"core": 4, "ring": 4}], ("llama3-405b",)),
-                (1, [{"ring": 4}, {"core": 8, "ring": 4}], ("llama3-405b",))],
-    "trn3-gen1": [(2, [{"core": 4, "switch": f} for f in (2, 4, 8, 16)], ("llama3-405b",)),
-                  (1, [{"core": 8, "switch": f} for f in (2, 4, 8)], ("llama3-405b",))],
-    "trn3-gen2": [(2, [{"core": 4, "switch": f} for f in (4, 16)], ("llama3-405b",)),
-                  (1, [{"core": 8, "switch": f} for f in (2, 8)], ("llama3-405b",))],
-}
+TARGETS = ("trn2", "trn2u", "trn3-gen1", "trn3-gen2")
+DOMAINS = 2  # two domains, so that groups across the scale-out network are measured too
 
 
 def representative_layout(target_name: str, lnc: int, tp_place: dict[str, int]) -> tuple[Layout, object]:
     target = load_target(target_name)
-    axes = target.axes(lnc, 1)
+    axes = target.axes(lnc, DOMAINS)
     tp_row = tuple(tp_place.get(a.name, 1) for a in axes)
     dp_row = tuple(a.size // f for a, f in zip(axes, tp_row))
     rows = tuple(tp_row if d == "tp" else dp_row if d == "dp" else (1,) * len(axes) for d in DIMS)
@@ -79,9 +71,9 @@ def representative_layout(target_name: str, lnc: int, tp_place: dict[str, int]) 
 
 
 def git(*args: str) -> str:
-    root = Path(__file__).resolve().parent.parent
     try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent.parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -91,16 +83,23 @@ def shapes(hidden: int, tp: int) -> dict[str, dict[str, int]]:
             "matmul_reduce_scatter": {"m": SEQ, "k": hidden // tp, "n": hidden}}
 
 
+def tp_groups(target_name: str, lnc: int, model_name: str) -> dict[tuple[int, str], dict[str, int]]:
+    """The TP groups the solver can place for the model: (degree, link class) -> the
+    representative placement (axis name -> factor), `space.group_spans`."""
+    axes = load_target(target_name).axes(lnc, DOMAINS)
+    model = load_model(model_name)
+    degrees = tp_degrees(model.heads, model.kv_heads, math.prod(a.size for a in axes))
+    return {key: {a.name: f for a, f in span} for key, span in group_spans(axes, degrees).items()}
+
+
 def jobs(targets: list[str], max_tp: int) -> list[tuple]:
     out = []
     for name in targets:
-        for lnc, places, models in CONFIGS[name]:
-            for place in places:
-                if math.prod(place.values()) > max_tp:
-                    continue
-                for model in models:
-                    for kernel in KERNELS:
-                        out.append((name, lnc, place, model, kernel))
+        for lnc in load_target(name).chip.lnc_allowed:
+            for model in MODELS:
+                for (tp, _), place in tp_groups(name, lnc, model).items():
+                    if tp <= max_tp:
+                        out.extend((name, lnc, place, model, kernel) for kernel in KERNELS)
     return out
 
 
@@ -109,12 +108,13 @@ def run_job(job: tuple) -> dict:
     layout, target = representative_layout(name, lnc, place)
     g = group_plan(layout, target, "tp")
     ring = local_ring(g.first_group)
-    shape = shapes(MODELS[model], layout.tp)[kernel]
+    hidden = load_model(model).hidden
+    shape = shapes(hidden, layout.tp)[kernel]
     t0 = time.perf_counter()
     r = measure(kernel, shape, ring=ring, channels=g.channels, link=g.link, dtype=BF16, lnc=lnc,
                 sbuf_bytes=target.chip.sbuf_bytes_per_partition, timeout_s=3600)
     return {"target": name, "kernel": kernel, "tp": layout.tp, "link_class": g.link_class, "lnc": lnc,
-            "shape_class": shape_class(MODELS[model]), "model": model, "programs": lnc, "channels": g.channels,
+            "shape_class": shape_class(hidden), "model": model, "programs": lnc, "channels": g.channels,
             "placement": g.span, "link_gbs": round(g.link_gbs, 3), "latency_us": g.latency_us, "one_hop": g.one_hop,
             "shape": shape, "t_mm": r.t_mm, "t_cc": r.t_cc, "t_f": r.t_f, "hidden_fraction": r.hidden_fraction,
             "speedup": r.speedup, "sim_seconds": round(time.perf_counter() - t0, 1)}
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="-", help="JSON file to write ('-': stdout)")
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")
-    ap.add_argument("--targets", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     ap.add_argument("--max-tp", type=int, default=1 << 20, help="skip configurations with a larger TP degree")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     args = ap.parse_args(argv)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overlap_table: {out} exists; pass --force to replace it", file=sys.stderr)
         return 2
     command = ("python benchmarks/overlap_table.py"
-               + (f" --targets {' '.join(args.targets)}" if args.targets != list(CONFIGS) else "")
+               + (f" --targets {' '.join(args.targets)}" if args.targets != list(TARGETS) else "")
                + (f" --max-tp {args.max_tp}" if args.max_tp < 1 << 20 else "")
                + " --out targets/measured/overlap.json --force")
     sim_commit = git("log", "-1", "--format=%H", "--", "kernels/sim")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.cost.collectives import Span, link_class
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.model.target import Axis
@@ -38,6 +39,29 @@ def divisors(n: int) -> tuple[int, ...]:
                 large.append(n // d)
         d += 1
     return tuple(small + large[::-1])
+
+
+def tp_degrees(heads: int, kv_heads: int, ranks: int) -> tuple[int, ...]:
+    """TP degrees a model admits on ``ranks`` ranks: d | ranks, d | heads, and d | kv_heads
+    or kv_heads | d (each rank holds whole query heads; past the KV head count every KV
+    head is replicated on d / kv_heads ranks, as Megatron-LM's GQA tensor parallelism does)."""
+    return tuple(d for d in divisors(ranks) if heads % d == 0 and (kv_heads % d == 0 or d % kv_heads == 0))
+
+
+def group_spans(axes: tuple[Axis, ...], degrees: tuple[int, ...]) -> dict[tuple[int, str], Span]:
+    """One span per (degree, link class) a group of one of ``degrees`` can take on ``axes``
+    (degree 1 left out): of the spans with that key, the one with the most ranks on the
+    innermost axes (the factors, read from the innermost axis out, largest first), so a
+    group crosses a slower link class with the smallest factor that crosses it."""
+    best: dict[tuple[int, str], tuple[int, ...]] = {}
+    for fs in itertools.product(*(divisors(a.size) for a in axes)):
+        d = math.prod(fs)
+        if d == 1 or d not in degrees:
+            continue
+        key = (d, link_class(tuple((a, f) for a, f in zip(axes, fs) if f > 1)))
+        if fs > best.get(key, ()):
+            best[key] = fs
+    return {key: tuple((a, f) for a, f in zip(axes, fs) if f > 1) for key, fs in sorted(best.items())}
 
 
 def prime_exponents(n: int) -> dict[int, int]:
@@ -109,7 +133,7 @@ class Space:
     def degrees(self) -> dict[str, tuple[int, ...]]:
         """Candidate degrees per placement dimension (dp here is dp // ep, the expert replicas)."""
         m, tr, r = self.problem.workload.model, self.problem.workload.training, self.ranks
-        tp = tuple(d for d in divisors(r) if m.heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0))
+        tp = tp_degrees(m.heads, m.kv_heads, r)
         cp = tuple(d for d in divisors(r) if tr.seq % d == 0 and d <= CP_MAX) if tr.seq >= CP_MIN_SEQ else (1,)
         ep = tuple(d for d in divisors(r) if m.moe and m.moe.experts % d == 0) or (1,)
         pp = tuple(d for d in divisors(r) if d <= m.layers)
