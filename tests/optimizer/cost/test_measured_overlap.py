@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from trnopt.optimizer.cost.overlap import measured, parse_table, tp_hidden, tp_hidden_source
@@ -82,3 +84,22 @@ def test_step_time_reads_its_own_targets_rows():
             assert 0 < want and s.tp == pytest.approx(s.tp_raw * (1 - want))
         else:
             assert s.tp == s.tp_raw > 0, name
+
+
+@pytest.mark.parametrize("name", ["trn2", "trn2u", "trn3-gen1", "trn3-gen2"])
+def test_shipped_table_measures_every_tp_group_the_solver_can_place(name):
+    # the rows of benchmarks/overlap_table.py: no layout of the two Llama models reads a
+    # degree it was not measured at, on any link class, at either LNC
+    from trnopt.optimizer.cost.overlap import TP_KERNELS, shape_class
+    from trnopt.optimizer.model.workload import load_model
+    from trnopt.optimizer.search.space import group_spans, tp_degrees
+    t, target = measured(), load_target(name)
+    for lnc in target.chip.lnc_allowed:
+        axes = target.axes(lnc, 2)
+        for model in map(load_model, ("llama3-405b", "llama3-70b")):
+            keys = group_spans(axes, tp_degrees(model.heads, model.kv_heads, target.ranks(lnc, 2)))
+            assert keys
+            for (tp, cls), kernel in itertools.product(keys, TP_KERNELS):
+                key = dict(target=name, lnc=lnc, shape_class=shape_class(model.hidden))
+                assert t.source_of(kernel, tp, cls, **key) == "measured", (name, lnc, model.name, tp, cls, kernel)
+                assert t.row(kernel, tp, cls, **key)["shape_class"] == key["shape_class"]
