@@ -10,7 +10,8 @@ Lookup rule, ``OverlapTable.lookup(kernel, tp, link_class, target=, lnc=, shape_
 0. with a target: only that target's rows (at that LNC when given); a target with no
    row at all hides nothing ("no measured row for target ...");
 1. the rows with that kernel, degree and link class: with a shape class its row, else
-   the smallest fraction over the shape classes measured (the conservative one);
+   the smallest fraction over the shape classes measured (the conservative one), each
+   capped at what its matmul could cover at the asked width (``scaled_fraction``);
 2. else the row of the nearest measured degree on the same link class (distance in
    log2 of the degree; on a tie the smaller fraction);
 3. else 0: nothing measured on that link class hides nothing.
@@ -53,6 +54,30 @@ def _clamp(x: float) -> float:
     return min(1.0, max(0.0, float(x)))
 
 
+def _width(cls: str | None) -> int | None:
+    """The model width of a shape class ``hidden<h>`` (None for any other name)."""
+    digits = (cls or "")[len("hidden"):]
+    return int(digits) if (cls or "").startswith("hidden") and digits.isdigit() else None
+
+
+def scaled_fraction(row: dict, shape_class: str | None) -> float:
+    """A row's hidden fraction, for a model of another width capped at what its matmul covers.
+
+    A fused kernel cannot finish before its collective (T_f >= T_cc), so it hides at most
+    hidden = 1 - (T_f - T_mm) / T_cc <= T_mm / T_cc. For the table's projection
+    (s tokens, h x h/tp, the all-gather or reduce-scatter of s x h) the matmul takes
+    2 s h (h/tp) / F and the collective s h b (tp-1)/tp / B (F the engine rate, B the link
+    rate, b bytes per element; the sequence-parallel linears of Korthikanti et al. 2022),
+    so T_mm / T_cc grows as h: at width h' a row measured at width h
+    hides at most (T_mm / T_cc) h' / h. Rows of the asked width, and rows or widths
+    without a ``hidden<h>`` class, keep their fraction (clamped to [0, 1])."""
+    f = _clamp(row["hidden_fraction"])
+    want, have = _width(shape_class), _width(row.get("shape_class"))
+    if want is None or have is None or want == have or row["t_cc"] <= 0:
+        return f
+    return _clamp(min(f, row["t_mm"] / row["t_cc"] * want / have))
+
+
 def _matches(r: dict, key: str, want: object) -> bool:
     return want is None or r.get(key) is None or r.get(key) == want
 
@@ -90,13 +115,15 @@ class OverlapTable:
             at = f" at LNC {lnc}" if lnc is not None else ""
             return 0.0, f"no measured row for target {target}{at} (0)"
         rows = [r for r in self._candidates(kernel, target, lnc, shape_class) if r["link_class"] == link_class]
-        exact = [_clamp(r["hidden_fraction"]) for r in rows if int(r["tp"]) == tp]
+        scaled = "" if shape_class is None or any(r.get("shape_class") == shape_class for r in rows) \
+            else f" at other widths, capped for {shape_class}"
+        exact = [scaled_fraction(r, shape_class) for r in rows if int(r["tp"]) == tp]
         if exact:
-            return min(exact), "measured"
-        near = sorted((abs(math.log2(int(r["tp"])) - math.log2(tp)), _clamp(r["hidden_fraction"]), int(r["tp"]))
+            return min(exact), "measured" + scaled
+        near = sorted((abs(math.log2(int(r["tp"])) - math.log2(tp)), scaled_fraction(r, shape_class), int(r["tp"]))
                       for r in rows)
         if near:
-            return near[0][1], f"nearest TP{near[0][2]}"
+            return near[0][1], f"nearest TP{near[0][2]}{scaled}"
         return 0.0, "none (0)"
 
     def fraction(self, kernel: str, tp: int, link_class: str, **key) -> float:
@@ -104,7 +131,8 @@ class OverlapTable:
         return self.lookup(kernel, tp, link_class, **key)[0]
 
     def source_of(self, kernel: str, tp: int, link_class: str, **key) -> str:
-        """How ``fraction`` found its value: 'measured', 'nearest TP<d>', 'none (0)' or 'no measured row ...'."""
+        """How ``fraction`` found its value: 'measured', 'nearest TP<d>' (either followed by ' at other
+        widths, capped for <class>' where no row has the asked width), 'none (0)' or 'no measured row ...'."""
         return self.lookup(kernel, tp, link_class, **key)[1]
 
     def row(self, kernel: str, tp: int, link_class: str, *, target: str | None = None, lnc: int | None = None,

@@ -24,7 +24,8 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   Neuron axes):
       n L_s * m * t_AR(S)  =  n L_s pp * (B tp cp / (R b)) t_AR(S),
   times (1 - hidden), the share the overlap kernels hide on that span, measured on the
-  target at the layout's LNC and the model's width (overlap.py; unmeasured: 0).
+  target at the layout's LNC and the model's width (overlap.py; another width: those rows
+  capped at what their matmul covers, overlap.scaled_fraction; unmeasured: 0).
 - CP (ring attention): per layer and micro-batch the K and V of the whole sequence are
   gathered forward and their gradients reduce-scattered backward, b s max(kv heads, tp) /
   tp * 2 d_head a bytes per rank:

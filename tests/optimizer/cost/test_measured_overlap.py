@@ -103,3 +103,20 @@ def test_shipped_table_measures_every_tp_group_the_solver_can_place(name):
                 key = dict(target=name, lnc=lnc, shape_class=shape_class(model.hidden))
                 assert t.source_of(kernel, tp, cls, **key) == "measured", (name, lnc, model.name, tp, cls, kernel)
                 assert t.row(kernel, tp, cls, **key)["shape_class"] == key["shape_class"]
+
+
+def test_a_row_of_another_width_is_capped_at_what_its_matmul_covers():
+    # T_mm / T_cc of the h x h/tp projection grows as h: a row at 16384 with T_mm / T_cc = 0.5
+    # covers at most 0.25 of the collective at 8192, and keeps its own 0.45 at 32768
+    t = parse_table({"version": 1, "rows": [
+        {"kernel": "allgather_matmul", "tp": 32, "link_class": "torus", "channels": 2, "shape": {}, "t_mm": 1.0,
+         "t_cc": 2.0, "t_f": 2.1, "hidden_fraction": 0.45, "target": "trn2", "lnc": 2,
+         "shape_class": "hidden16384"}]}, "t.json")
+    key = dict(target="trn2", lnc=2)
+    assert t.lookup("allgather_matmul", 32, "torus", shape_class="hidden16384", **key) == (0.45, "measured")
+    assert t.lookup("allgather_matmul", 32, "torus", shape_class="hidden8192", **key) == (
+        pytest.approx(0.25), "measured at other widths, capped for hidden8192")
+    assert t.fraction("allgather_matmul", 32, "torus", shape_class="hidden32768", **key) == 0.45
+    assert t.lookup("allgather_matmul", 64, "torus", shape_class="hidden4096", **key) == (
+        pytest.approx(0.125), "nearest TP32 at other widths, capped for hidden4096")
+    assert t.fraction("allgather_matmul", 32, "torus", **key) == 0.45    # no width asked: the row as measured
