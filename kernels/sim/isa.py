@@ -30,6 +30,7 @@ from .errors import ConstraintError, SimulatorError
 from .instruction import NkiInstruction
 from .rendezvous import Deposit
 from .language import NKIObject
+from .state import BLAS_LOCK
 from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor
 
@@ -151,7 +152,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if ctx.numerics:
         a = _f32(ctx.read(stationary, "nc_matmul", name, "stationary").reshape(k, m))
         b = _f32(ctx.read(moving, "nc_matmul", name, "moving").reshape(k, n))
-        r = a.T @ b
+        with BLAS_LOCK:
+            r = a.T @ b
         if accumulate is None or accumulate:
             if accumulate:
                 prev = _f32(ctx.read(dst, "nc_matmul", name, "accumulating dst"))

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import checks, rates
 from .errors import ConstraintError
+from .state import BLAS_LOCK
 from .tensor import MemoryRegion, NkiTensor
 
 _FP8_X4 = {"float8_e4m3fn_x4": (np.dtype(ml_dtypes.float8_e4m3fn), 8),
@@ -207,7 +208,8 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     if ctx.numerics:
         a = _dequant(ctx, stationary, stationary_scale, "nc_matmul_mx", name, "stationary")
         b = _dequant(ctx, moving, moving_scale, "nc_matmul_mx", name, "moving")
-        r = np.einsum("pmj,pnj->mn", a, b, dtype=np.float32)
+        with BLAS_LOCK:
+            r = np.einsum("pmj,pnj->mn", a, b, dtype=np.float32)
         if accumulate is None or accumulate:
             if accumulate:
                 prev = np.asarray(ctx.read(dst, "nc_matmul_mx", name, "accumulating dst"), np.float32)

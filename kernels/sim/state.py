@@ -1,4 +1,5 @@
-"""The thread-local "which core am I simulating" pointer shared by the API modules."""
+"""The thread-local "which core am I simulating" pointer shared by the API modules, and the
+one lock on numpy's BLAS that the simulated cores' threads share."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import threading
 from typing import Any
 
 _local = threading.local()
+
+# numpy's OpenBLAS keeps per-thread buffers for at most MAX_THREADS threads (64 in the PyPI
+# wheels: numpy.show_config()); more simulated cores multiplying at once overrun them
+# ("precompiled NUM_THREADS exceeded", then "double free or corruption" and an abort), so
+# every product the simulated engines compute takes this lock
+BLAS_LOCK = threading.Lock()
 
 
 def current() -> Any:

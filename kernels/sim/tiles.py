@@ -23,7 +23,7 @@ import numpy as np
 
 from . import checks, rates
 from .errors import ConstraintError, SimulatorError
-from .state import current
+from .state import BLAS_LOCK, current
 from .tensor import MemoryRegion, NkiTensor
 
 INTEGER_OPS = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "invert"}
@@ -157,7 +157,9 @@ def matmul(x: Any, y: Any, transpose_x: bool) -> NkiTensor:
     if ctx.numerics:
         a = np.asarray(ctx.read(x, "nl.matmul", None, "x")).astype(np.float32).reshape(x.shape[0], -1)
         b = np.asarray(ctx.read(y, "nl.matmul", None, "y")).astype(np.float32).reshape(kx, n)
-        ctx.write(out, (a.T if transpose_x else a) @ b)
+        with BLAS_LOCK:
+            r = (a.T if transpose_x else a) @ b
+        ctx.write(out, r)
     ctx.issue("nl.matmul", None, "Tensor", rates.matmul_seconds(m, n, x.dtype), [x, y], [out])
     return out
 

@@ -251,3 +251,42 @@ def test_vector_offset_gathers_rows_and_dma_compute_adds() -> None:
     np.testing.assert_array_equal(nki.simulate(gather_rows_and_accumulate)(table, idx), 2 * table[idx[:, 0]])
     with pytest.raises(Exception, match="vector_offset index 12 of partition 1 reaches outside"):
         nki.simulate(gather_rows_and_accumulate)(table, np.array([[1], [12], [0], [0]], np.int32))
+
+
+class CountingLock:
+    """A stand-in for the simulator's BLAS lock that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self.taken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+@nki.jit
+def nl_matmul_kernel(a_t, b):
+    """out[M, N] = a_t[K, M].T @ b[K, N] through nl.matmul (one tile)."""
+    at = nl.load(a_t)
+    bt = nl.load(b)
+    out = nl.ndarray((a_t.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.copy(nl.matmul(at, bt, transpose_x=True)))
+    return out
+
+
+def test_every_product_takes_the_blas_lock(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # more simulated cores than numpy's OpenBLAS has thread buffers for (64) abort the process when
+    # they multiply at once; the lock keeps one product at a time
+    from trnopt.kernels.sim import isa, tiles
+    lock = CountingLock()
+    monkeypatch.setattr(isa, "BLAS_LOCK", lock)
+    monkeypatch.setattr(tiles, "BLAS_LOCK", lock)
+    a = rng.standard_normal((256, 32)).astype(np.float32)
+    b = rng.standard_normal((256, 48)).astype(np.float32)
+    np.testing.assert_allclose(nki.simulate(matmul_kernel)(a, b), a.T @ b, rtol=1e-5, atol=1e-4)
+    assert lock.taken == 2     # one nc_matmul per 128-row K tile
+    np.testing.assert_allclose(nki.simulate(nl_matmul_kernel)(a[:128], b[:128]), a[:128].T @ b[:128], rtol=1e-5,
+                               atol=1e-4)
+    assert lock.taken == 3
