@@ -61,9 +61,9 @@ def channels_for(kernel: str, tp: int, lnc: int) -> tuple[int, ...]:
     variants, 1 (``ncc.all_to_all``, the runtime drives the links) and 2 (the ring's two
     directions, `trnopt.kernels.ring_alltoall`); else the ring channels of a TP group of
     ``tp`` ranks at this LNC on the trn2 torus, as `trnopt.kernels.plan.group_plan` plans
-    them for the placement the overlap table measures inside one instance (`overlap_table.tp_groups`): 1 where it
-    spans two chips joined by one link, 4 where it holds every core of the instance
-    ("nki.collectives.collective_permute_implicit"), else 2."""
+    them for the placement the overlap table measures inside one instance
+    (`overlap_table.tp_groups`): 1 where it spans two chips joined by one link, 4 where it
+    holds every core of the instance ("nki.collectives.collective_permute_implicit"), else 2."""
     if kernel == "alltoall_expert_matmul":
         return (1, 2)
     from overlap_table import representative_layout, tp_groups  # this directory; the table's placements

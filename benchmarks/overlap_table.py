@@ -71,9 +71,9 @@ def representative_layout(target_name: str, lnc: int, tp_place: dict[str, int]) 
 
 
 def git(*args: str) -> str:
+    root = Path(__file__).resolve().parent.parent
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
