@@ -252,15 +252,10 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
     per_slab = max(-(-(ex.copies + 1) // slots), -(-groups // max(1, -(-ep * c * f * dt.itemsize // (8 * SLAB_BYTES)))))
     f_slabs = unit_pieces(f, group_cols, -(-groups // per_slab))
 
-    def combiner(s: int, e: int, rows: int):
+    def combiner(s: int, e: int):
         todo = list(f_slabs)
-        done: dict[int, int] = {}
-        row_groups = -(-(-(-rows // STATIONARY_FMAX)) // tiling.m_tiles)  # of the expert's last call
 
         def on_evac(n0: int, ncols: int) -> None:
-            done[n0] = done.get(n0, 0) + 1
-            if done[n0] < row_groups:
-                return
             while todo and todo[0][0] + todo[0][1] <= n0 + ncols:
                 sl = todo.pop(0)
                 pipe.defer(lambda sl=sl: ex.combine(s, e, *sl))
@@ -287,7 +282,7 @@ def alltoall_expert_matmul(x_disp, w, groups, channels=1, sbuf_bytes=SBUF_TRN2):
                 elif s == 0 and e == 0 and first:
                     lead = [lambda k0=k0, kl=kl: ex.dispatch(0, k0, kl) for k0, kl in k_first]
                 pipe(blocks, w[e], side=side, lead=lead, w_key=e, n_outer=True, flush=False,
-                     on_evac=combiner(s, e, sum(b.rows for b in blocks)) if last else None)
+                     on_evac=combiner(s, e) if last else None)
     pipe.flush()
     return y
 

@@ -315,7 +315,9 @@ class MatmulPipeline:
         the weight for a resident tiling (a call with another key reloads it). ``x_sbuf``:
         x already on chip, a [128, K tiles, rows] tile in this pipeline's K layout
         (`k_major_copies`), the blocks' rows being its columns in order; no x loads.
-        ``on_evac(n0, ncols)``: called after each group's stores are emitted.
+        ``on_evac(n0, ncols)``: called once columns n0..n0+ncols are complete, after the
+        stores of their last row group are emitted (a caller sending them on must not see
+        them before every row is stored).
         ``lead``: callables, the i-th emitted at the start of the call's K-block iteration i,
         before that iteration's loads (the expert kernel's first dispatch goes K block by K
         block, each slab just ahead of the loads that read it).
@@ -357,7 +359,8 @@ class MatmulPipeline:
         if self.t.resident_x:
             assert len(mgs) == 1, f"{self.name}: resident_x tiling for one row group, got {len(mgs)}"
         for mi, (mg, ng) in enumerate(pairs):
-            self._group(mg, ng, w, (mi // len(ngs) if not n_outer else mi % len(mgs)) * self.t.m_tiles)
+            row_group = mi // len(ngs) if not n_outer else mi % len(mgs)
+            self._group(mg, ng, w, row_group * self.t.m_tiles, complete=row_group == len(mgs) - 1)
         while self._lead:
             self._lead.pop(0)()
         for item in self._side:
@@ -422,7 +425,9 @@ class MatmulPipeline:
                 out += [(dst[0:ks, t0 + j, 0:cols], src[k0:k0 + ks]) for j, (k0, ks) in enumerate(tiles)]
         return out
 
-    def _group(self, mts: list, nts: list, w: Any, tile0: int = 0) -> None:
+    def _group(self, mts: list, nts: list, w: Any, tile0: int = 0, complete: bool = True) -> None:
+        """One group's loads and matmuls (its evacuation and stores left pending); ``complete``:
+        its row group is the call's last, so its stores complete their columns (``on_evac``)."""
         n0 = nts[0][0]
         ncols = nts[-1][0] + nts[-1][1] - n0
         # x segments: consecutive rows of one block in consecutive stationary columns load together
@@ -484,7 +489,7 @@ class MatmulPipeline:
                         nisa.nc_matmul(ps[a][cc][0:rows, 0:cs], xb[0:ks, xslot + j, c:c + rows],
                                        wb[0:ks, wslot + j, col:col + cs], accumulate=not first,
                                        name=f"{self.name}_mm")
-        on_evac, call = self._on_evac, self._calls
+        on_evac, call = self._on_evac if complete else None, self._calls
         self._pending = lambda: self._evacuate(mts, nts, ps, adds, on_evac, call)
 
     def _runs(self, mts: list) -> list[tuple[Any, int, int, int, int]]:

@@ -249,3 +249,16 @@ def test_on_chip_ring_adds_in_the_collective(dtypes):
     adds = [i for i in ins if i.name == "rs_evac_add"]
     copies = [i for i in ins if i.name == "rs_evac"]
     assert len(copies) == (tp - 1) * len(adds), (len(copies), len(adds))  # every step's evacuations but the last's copy
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_a_slab_goes_on_only_once_all_its_rows_are_stored(channels, rng, make_tensor, assert_close, dtypes):
+    """2,048 rows a chunk and K in two blocks: two row groups of the HBM ring per column group,
+    each slab sent in row pieces spread over the next group's K blocks. A piece sent before
+    the second row group's stores would read rows of the send buffer nothing has written."""
+    dt, tp = dtypes["fp32"], 2
+    xs, ws = _inputs(rng, make_tensor, tp, dt, k=2048, ms=2048, n=1024)
+    res = _run(matmul_reduce_scatter, [(xs[r], ws[r]) for r in range(tp)], (tuple(range(tp)),), channels=channels)
+    ref = matmul_reduce_scatter_reference(xs, ws)
+    for r in range(tp):
+        assert_close(res.outputs[r], ref[r], dt, f"rank {r}")
