@@ -24,7 +24,7 @@ from typing import Any
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import allgather_matmul_reference, allgather_reference  # noqa: F401
 from trnopt.kernels.ring import (gather_steps, hop_iterations, position_after, program_share, ring_outlasts_matmul,
-                                ring_setup, ring_slabs)
+                                ring_setup, ring_slabs, step_width)
 from trnopt.kernels.tiling import (PMAX, PSUM_BANKS, SBUF_SHARE, SBUF_TRN2, STATIONARY_FMAX, MatmulPipeline,
                                    RowBlock, choose_tiling, loads_outlast_matmul, matmul_operands, unit_pieces)
 
@@ -150,11 +150,6 @@ def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, it
             if group == per_call:
                 fallback = GatherPlan(steps, calls, tiling, 0)
     return fallback
-
-
-def step_width(step) -> int:
-    """Rows a ring step has in hand: its chunks' span in the step's buffer."""
-    return max(ch.slot + ch.rows for ch in step)
 
 
 def _held(steps, s: int, ch):

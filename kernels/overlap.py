@@ -228,7 +228,9 @@ def _build_reduce_scatter(shape, ring, dtype, numerics, seed, kw) -> Launches:
     tp = len(ring)
     assert m % tp == 0, f"matmul_reduce_scatter: m={m} must be divisible by tp={tp}"
     x, w, at = _tp_operands(ring, k, m, n, dtype, numerics, seed)
-    cc_kw = {key: kw[key] for key in ("groups", "channels")}
+    # the collective alone runs the ring schedule the fused kernel plans for this weight
+    cc_kw = {**{key: kw[key] for key in ("groups", "channels", "sbuf_bytes")}, "k": k,
+             "both_ways": kw.get("both_ways")}
     partial = [operand((m, n), dtype, numerics, seed=seed + 50 + p) for p in range(tp)]
 
     def expected():

@@ -231,3 +231,8 @@ def gather_steps(base: int, rows: int, tp: int, channels: int, both_ways: bool =
                 half.append(Chunk(c, 0, o, n, o - base))
         steps.append(sorted((ch for ch in half if ch.rows), key=lambda ch: ch.slot))
     return steps
+
+
+def step_width(step: Sequence[Chunk]) -> int:
+    """Rows a ring step has in hand: its chunks' span in the step's buffer."""
+    return max(ch.slot + ch.rows for ch in step)

@@ -181,8 +181,7 @@ def test_on_chip_ring_matches_reference(tp, ms, k, n, channels, rng, make_tensor
     """Shapes the on-chip ring takes (one or two 128-row tiles per chunk, ragged N and one
     channel among them): it matches the reference, and the plan says it was taken."""
     from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
-    from trnopt.kernels.ring import channel_halves
-    assert sbuf_ring_plan(ms, k, n, channel_halves(ms, channels, "t"), 2, 4, 224 * 1024) is not None
+    assert sbuf_ring_plan(ms, k, n, tp, channels, 2, 4, 224 * 1024) is not None
     _check(tp, dtypes["bf16"], channels, rng, make_tensor, assert_close, ms=ms, k=k, n=n)
 
 
@@ -191,10 +190,9 @@ def test_on_chip_ring_keeps_the_partials_out_of_hbm(dtypes):
     and the operands, nothing more: no partial is stored and read back (x is read once per
     column block)."""
     from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
-    from trnopt.kernels.ring import channel_halves
     dt = dtypes["bf16"]
     tp, ms, k, n = 4, 128, 256, 16384
-    blocks, _ = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 2, 224 * 1024)
+    blocks = sbuf_ring_plan(ms, k, n, tp, 2, 2, 2, 224 * 1024).blocks
     args = [(TensorSpec((k, tp * ms), dt), TensorSpec((k, n), dt))] * tp
     res = _run(matmul_reduce_scatter, args, (tuple(range(tp)),), numerics=False, channels=2)
     core = res.timeline.cores[0]
@@ -212,10 +210,9 @@ def test_on_chip_ring_in_column_blocks(tp, ms, k, n, channels, rng, make_tensor,
     one and of two whole tiles); a block's last additions wait until the next block's
     first step, while that block's sums already cross."""
     from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
-    from trnopt.kernels.ring import channel_halves
     sbuf, dt = 64 * 1024, dtypes["bf16"]
-    plan = sbuf_ring_plan(ms, k, n, channel_halves(ms, channels, "t"), 2, 4, sbuf)
-    assert plan is not None and plan[0] >= 2, plan
+    plan = sbuf_ring_plan(ms, k, n, tp, channels, 2, 4, sbuf)
+    assert plan is not None and plan.blocks >= 2, plan
     xs, ws = _inputs(rng, make_tensor, tp, dt, k=k, ms=ms, n=n)
     res = _run(matmul_reduce_scatter, [(xs[r], ws[r]) for r in range(tp)], (tuple(range(tp)),), channels=channels,
                sbuf_bytes=sbuf)
@@ -231,24 +228,81 @@ def test_four_channels_match_reference(tp, ms, k, n, rng, make_tensor, assert_cl
     _check(tp, dtypes["bf16"], 4, rng, make_tensor, assert_close, ms=ms, k=k, n=n)
 
 
-def test_on_chip_ring_adds_in_the_collective(dtypes):
-    """One permute per step and channel, the reduction done by the collective: step 0 sends
-    the partial alone, steps 1 .. tp-2 send partial + received sum; only the last step adds
-    on an engine (its own chunk, at evacuation)."""
+@pytest.mark.parametrize("both_ways", [True, False], ids=["both_ways", "halves"])
+def test_on_chip_ring_adds_in_the_collective(both_ways, dtypes):
+    """One permute per step and channel (two for a block's last send), the reduction done by
+    the collective: step 0 sends the partials alone, every later step but the last partial
+    + received sum; only the last step adds on an engine (its own chunk, at evacuation,
+    once per side the sums come from)."""
     from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
-    from trnopt.kernels.ring import channel_halves
+    from trnopt.kernels.ring import step_width
+    from trnopt.kernels.tiling import tile_spans, unit_pieces
     dt = dtypes["bf16"]
     tp, ms, k, n = 5, 128, 256, 4096
-    blocks, _ = sbuf_ring_plan(ms, k, n, channel_halves(ms, 2, "t"), 2, 2, 224 * 1024)
+    plan = sbuf_ring_plan(ms, k, n, tp, 2, 2, 2, 224 * 1024, both_ways)
+    assert plan.sides == (2 if both_ways else 1)
+    assert len(plan.steps) == (tp // 2 + 1 if both_ways else tp)
     args = [(TensorSpec((k, tp * ms), dt), TensorSpec((k, n), dt))] * tp
-    ins = _run(matmul_reduce_scatter, args, (tuple(range(tp)),), numerics=False, channels=2).timeline.cores[0].instructions
+    ins = _run(matmul_reduce_scatter, args, (tuple(range(tp)),), numerics=False, channels=2,
+               both_ways=both_ways).timeline.cores[0].instructions
+    # the last send of a block goes in two column pieces where it is not step 0
+    reduces = sum(len(plan.steps) - 2 + (len(plan.steps) > 2 and len(tile_spans(nb, plan.cols)) > 1)
+                  for _, nb in unit_pieces(n, plan.cols, plan.blocks))
     for ch in ("CC0", "CC1"):
         ops = [i.op for i in ins if i.engine == ch]
-        assert ops.count("collective_permute_implicit") == blocks, ops
-        assert ops.count("collective_permute_implicit_reduce") == (tp - 2) * blocks, ops
+        assert ops.count("collective_permute_implicit") == plan.blocks, ops
+        assert ops.count("collective_permute_implicit_reduce") == reduces, ops
+    banks = sum(len(tile_spans(gn, 512)) for _, nb in unit_pieces(n, plan.cols, plan.blocks)
+                for _, gn in tile_spans(nb, plan.cols))  # PSUM banks a row tile evacuates per ring
     adds = [i for i in ins if i.name == "rs_evac_add"]
     copies = [i for i in ins if i.name == "rs_evac"]
-    assert len(copies) == (tp - 1) * len(adds), (len(copies), len(adds))  # every step's evacuations but the last's copy
+    assert len(adds) == plan.sides * banks  # one 128-row tile of own rows
+    assert len(copies) == banks * sum(-(-step_width(st) // 128) for st in plan.steps[:-1])
+
+
+@pytest.mark.parametrize("tp,ms,k,n,channels", [(2, 64, 128, 600, 2), (3, 64, 128, 600, 2), (4, 64, 256, 600, 2),
+                                                (5, 128, 128, 1100, 2), (6, 32, 128, 600, 4), (8, 16, 128, 520, 4)])
+def test_both_ways_matches_reference(tp, ms, k, n, channels, rng, make_tensor, assert_close, dtypes):
+    """Both ways on chip, each chunk's sum half from each side (the opposite chunk split in
+    rows when tp is even, with zeros where a side sends none of a chunk's rows): the fused
+    kernel and the ring alone match their references, the plan takes both ways by itself,
+    and the ring alone, told the contraction size, runs the same schedule."""
+    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    dt = dtypes["bf16"]
+    plan = sbuf_ring_plan(ms, k, n, tp, channels, 2, 2, 224 * 1024)
+    assert plan is not None and plan.sides == 2
+    assert bool(plan.zero_spans(ms)) == (tp % 2 == 0)
+    _check(tp, dt, channels, rng, make_tensor, assert_close, ms=ms, k=k, n=n)
+    ps = [make_tensor(rng, (tp * ms, n), dt) for _ in range(tp)]
+    res = _run(reduce_scatter_ring, [(p,) for p in ps], (tuple(range(tp)),), channels=channels, k=k)
+    ref = reduce_scatter_reference(ps)
+    for r in range(tp):
+        assert_close(res.outputs[r], ref[r], dt, f"rank {r}")
+    steps = {i.name for i in res.timeline.cores[0].instructions if i.engine == "CC0"}
+    assert len(steps) == len(plan.steps) - 1, steps
+
+
+@pytest.mark.parametrize("kernel", [matmul_reduce_scatter, reduce_scatter_ring], ids=["fused", "ring_alone"])
+def test_both_ways_rounds_half_as_often(kernel, dtypes):
+    """A 64-rank ring of BF16 partials all 5.0: one way the running sum passes 256, where
+    BF16 steps by 2, and its odd sums round (the sum comes out off 320); both ways each
+    side's sum stays within 32 x 5 = 160, exact, and the owner's FP32 additions give
+    exactly 320."""
+    dt = dtypes["bf16"]
+    tp, ms, n = 64, 2, 8
+    if kernel is reduce_scatter_ring:
+        args = [(np.full((tp * ms, n), 5.0, dtype=dt),)] * tp
+    else:  # K = 128 (the on-chip ring's whole tiles): only row 0 of X and W is non-zero
+        x = np.zeros((128, tp * ms), dtype=dt)
+        w = np.zeros((128, n), dtype=dt)
+        x[0], w[0] = 1.0, 5.0
+        args = [(x, w)] * tp
+    out = {}
+    for both_ways in (True, False):
+        res = _run(kernel, args, (tuple(range(tp)),), channels=2, both_ways=both_ways)
+        out[both_ways] = np.asarray(res.outputs[0], dtype=np.float64)
+    assert np.all(out[True] == 320.0), out[True]
+    assert np.any(out[False] != 320.0), out[False]
 
 
 @pytest.mark.parametrize("channels", [1, 2])
