@@ -236,3 +236,58 @@ def gather_steps(base: int, rows: int, tp: int, channels: int, both_ways: bool =
 def step_width(step: Sequence[Chunk]) -> int:
     """Rows a ring step has in hand: its chunks' span in the step's buffer."""
     return max(ch.slot + ch.rows for ch in step)
+
+
+def scatter_steps(rows: int, tp: int, channels: int, both_ways: bool) -> list[list[Chunk]]:
+    """The steps of the reduce-scatter ring: per step, the chunks whose partials the rank
+    computes and sends on (the last step: its own chunk, channel -1).
+
+    A reduce-scatter is the all-gather run backward (the two are duals: Chan et al.,
+    "Collective communication: theory, practice, and experience", 2007), so the steps are
+    `ring.gather_steps` in reverse order, mirrored: where the gather brings at step t,
+    on channel c, rows of the shard of the rank t places away, the scatter sends at step
+    T - 1 - t, on channel c, those rows of the partial of the chunk whose owner is t hops
+    ahead in c's direction (`chunk_owner`). With ``both_ways`` each chunk's sum comes to
+    its owner half from each side in about tp/2 steps: half the hop latencies, and half
+    the roundings of the running sums, for the same bytes per link; when tp is even the
+    first step sends the opposite chunk half each way. Otherwise (halves) every chunk's
+    rows go all the way round, split over the channels, in tp - 1 steps."""
+    return gather_steps(0, rows, tp, channels, both_ways)[::-1]
+
+
+def chunk_owner(pos: Any, ch: Chunk, hops: int, tp: int) -> Any:
+    """Ring position of the owner of chunk ``ch`` sent on with ``hops`` hops to go: ``hops``
+    places ahead in the direction of ``ch.channel`` (even: forward), the rank itself for
+    its own chunk (channel -1)."""
+    return pos if ch.channel < 0 else position_after(pos, hops, tp, ch.channel + 1)
+
+
+@dataclass(frozen=True)
+class ScatterLayout:
+    """A reduce-scatter ring's schedule and where its received sums lie."""
+
+    steps: list  #: `scatter_steps`: per step the chunks computed and sent on, the last the own chunk
+    sides: int  #: ring sides the sums arrive from: 2 both ways (each in its own rows), else 1
+    side_rows: int  #: rows between the sides' regions of a received-sum buffer
+
+    def recv_row(self, ch: Chunk) -> int:
+        """First row of chunk ``ch``'s sums in a received-sum buffer: its side's region (the
+        channel's parity when both ways) plus its rows' offset in the chunk, so the rows a
+        channel receives at one step lie where it sends on from at the next."""
+        return (ch.channel % 2) * self.side_rows * (self.sides - 1) + ch.offset
+
+    def zero_spans(self, ms: int) -> list[tuple[int, int]]:
+        """Rows of the first step's received-sum buffer that no sum arrives in but that the
+        next step sends on (or the last adds): each side's rows of the chunk that the
+        first step's chunks on that side's channels leave out. Both ways with tp even the
+        opposite chunk comes half from each side, so these rows hold zeros (exact in any
+        dtype) and every later step is one permute with reduction per channel."""
+        spans = []
+        for d in range(self.sides):
+            got = sorted((ch.offset, ch.rows) for ch in self.steps[0] if ch.channel % 2 == d or self.sides == 1)
+            row = 0
+            for off, h in got + [(ms, 0)]:
+                if off > row:
+                    spans.append((d * self.side_rows + row, off - row))
+                row = max(row, off + h)
+        return spans

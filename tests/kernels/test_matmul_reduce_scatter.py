@@ -180,7 +180,7 @@ def test_long_ring_default_rounds_every_hop(kernel, dtypes):
 def test_on_chip_ring_matches_reference(tp, ms, k, n, channels, rng, make_tensor, assert_close, dtypes):
     """Shapes the on-chip ring takes (one or two 128-row tiles per chunk, ragged N and one
     channel among them): it matches the reference, and the plan says it was taken."""
-    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
     assert sbuf_ring_plan(ms, k, n, tp, channels, 2, 4, 224 * 1024) is not None
     _check(tp, dtypes["bf16"], channels, rng, make_tensor, assert_close, ms=ms, k=k, n=n)
 
@@ -189,7 +189,7 @@ def test_on_chip_ring_keeps_the_partials_out_of_hbm(dtypes):
     """At 405B's TP64 shape (cut to 4 ranks) the on-chip ring's DMA moves the sums it sends
     and the operands, nothing more: no partial is stored and read back (x is read once per
     column block)."""
-    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
     dt = dtypes["bf16"]
     tp, ms, k, n = 4, 128, 256, 16384
     blocks = sbuf_ring_plan(ms, k, n, tp, 2, 2, 2, 224 * 1024).blocks
@@ -209,7 +209,7 @@ def test_on_chip_ring_in_column_blocks(tp, ms, k, n, channels, rng, make_tensor,
     """A tight SBUF budget: the ring runs in column blocks, one after the other (halves of
     one and of two whole tiles); a block's last additions wait until the next block's
     first step, while that block's sums already cross."""
-    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
     sbuf, dt = 64 * 1024, dtypes["bf16"]
     plan = sbuf_ring_plan(ms, k, n, tp, channels, 2, 4, sbuf)
     assert plan is not None and plan.blocks >= 2, plan
@@ -234,7 +234,7 @@ def test_on_chip_ring_adds_in_the_collective(both_ways, dtypes):
     the collective: step 0 sends the partials alone, every later step but the last partial
     + received sum; only the last step adds on an engine (its own chunk, at evacuation,
     once per side the sums come from)."""
-    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
     from trnopt.kernels.ring import step_width
     from trnopt.kernels.tiling import tile_spans, unit_pieces
     dt = dtypes["bf16"]
@@ -267,7 +267,7 @@ def test_both_ways_matches_reference(tp, ms, k, n, channels, rng, make_tensor, a
     rows when tp is even, with zeros where a side sends none of a chunk's rows): the fused
     kernel and the ring alone match their references, the plan takes both ways by itself,
     and the ring alone, told the contraction size, runs the same schedule."""
-    from trnopt.kernels.matmul_reduce_scatter import sbuf_ring_plan
+    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
     dt = dtypes["bf16"]
     plan = sbuf_ring_plan(ms, k, n, tp, channels, 2, 2, 224 * 1024)
     assert plan is not None and plan.sides == 2
