@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
-from trnopt.kernels.ring import (SLAB_BYTES, ScatterLayout, channel_halves, chunk_owner, position_after,
+from trnopt.kernels.ring import (SLAB_BYTES, ScatterLayout, channel_halves, chunk_owner,
                                 program_share, ring_setup, scatter_steps, step_width)
 from trnopt.kernels.scatter_sbuf import sbuf_buffers, sbuf_ring, sbuf_ring_plan
 from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
@@ -60,45 +60,48 @@ def sum_dtype_for(dtype: Any, sum_dtype: Any = None) -> Any:
     return dtype if sum_dtype is None else sum_dtype
 
 
-def _ring_buffers(halves, n: int, dt: Any, sdt: Any):
-    """Per channel: two send buffers ``part`` (dtype ``dt``), the landing buffer ``land`` of
-    step 0 (the predecessor's own partial, exact in ``dt``) and two running-sum buffers
-    ``acc`` (dtype ``sdt``)."""
-    part = [[nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"part{c}_{i}") for i in range(2)]
-            for c, (_, h) in enumerate(halves)]
-    land = [nl.ndarray((h, n), dtype=dt, buffer=nl.private_hbm, name=f"land{c}") for c, (_, h) in enumerate(halves)]
-    acc = [[nl.ndarray((h, n), dtype=sdt, buffer=nl.private_hbm, name=f"acc{c}_{i}") for i in range(2)]
-           for c, (_, h) in enumerate(halves)]
-    return part, land, acc
+def _hbm_buffers(ring: ScatterLayout, n: int, dt: Any, sdt: Any):
+    """The ring's buffers through HBM: two send buffers of the widest step (``dt``), the
+    landing buffer of step 0 (the partials as sent, exact in ``dt``) and two running-sum
+    buffers (``sdt``), each of the last two with a region of ``ring.side_rows`` rows per
+    side (`ScatterLayout.recv_row`)."""
+    width = max(step_width(st) for st in ring.steps)
+    sent = [nl.ndarray((width, n), dtype=dt, buffer=nl.private_hbm, name=f"part{i}") for i in range(2)]
+    land = nl.ndarray((ring.sides * ring.side_rows, n), dtype=dt, buffer=nl.private_hbm, name="land")
+    acc = [nl.ndarray((ring.sides * ring.side_rows, n), dtype=sdt, buffer=nl.private_hbm, name=f"acc{i}")
+           for i in range(2)]
+    return sent, land, acc
 
 
-def _received(land: list, acc: list, c: int, s: int) -> Any:
-    """The sum received at step ``s`` on channel ``c``: the landing buffer after step 0,
-    the running-sum buffer of step s after that."""
-    return land[c] if s == 0 else acc[c][s % 2]
+def _received(bufs, s: int) -> Any:
+    """The sums received at step ``s``: the landing buffer at step 0, a running-sum buffer
+    after."""
+    _, land, acc = bufs
+    return land if s == 0 else acc[s % 2]
 
 
-def _ring_step(rg, s: int, part: list, land: list, acc: list, chans: list[int], n0: int, nl_: int,
-               piece: tuple[int, int] = (0, 1)) -> None:
-    """Send columns n0:n0+nl_ of step s's partials on, rows of the ``piece[0]``-th of
-    ``piece[1]`` row pieces of each channel: plain permute at s = 0 (the own partial, in
-    its dtype, into ``land``), permute-with-add after (partial + received sum, added in
-    FP32 and sent in the running-sum dtype)."""
+def _hbm_send(rg, ring: ScatterLayout, bufs, s: int, c0: int, c1: int, piece: tuple[int, int] = (0, 1)) -> None:
+    """Send columns c0..c1 of step ``s``'s partials on, on every channel of the step, rows
+    of the ``piece[0]``-th of ``piece[1]`` row pieces of each chunk: a plain permute at
+    s = 0 (the partials in their dtype, into the landing buffer), a permute-with-add after
+    (partial + the sum received at s - 1, added in FP32 and sent in the running-sum
+    dtype)."""
+    sent = bufs[0][s % 2]
     i, k = piece
-
-    def v(t):
-        r0, rn = split_rows(t.shape[0], min(k, t.shape[0]))[min(i, t.shape[0] - 1)]
-        return t[r0:r0 + rn, n0:n0 + nl_]
+    chs, views = ring.steps[s], []
+    for ch in chs:
+        r0, rn = split_rows(ch.rows, min(k, ch.rows))[min(i, ch.rows - 1)]
+        views.append((ch.slot + r0, ring.recv_row(ch) + r0, rn))
+    mine = [[sent[a:a + rn, c0:c1]] for a, _, rn in views]
+    dsts = [[_received(bufs, s)[b:b + rn, c0:c1]] for _, b, rn in views]
+    chans = [ch.channel for ch in chs]
     if s == 0:
-        ncc.collective_permute_implicit(
-            srcs_by_channel=[[v(part[c][0])] for c in chans], dsts_by_channel=[[v(land[c])] for c in chans],
-            replica_group=rg, channel_ids=chans, name="rs_step0")
+        ncc.collective_permute_implicit(srcs_by_channel=mine, dsts_by_channel=dsts, replica_group=rg,
+                                        channel_ids=chans, name="rs_step0")
     else:
         ncc.collective_permute_implicit_reduce(
-            srcs0_by_channel=[[v(part[c][s % 2])] for c in chans],
-            srcs1_by_channel=[[v(_received(land, acc, c, s - 1))] for c in chans],
-            dsts_by_channel=[[v(acc[c][s % 2])] for c in chans],
-            replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
+            srcs0_by_channel=mine, srcs1_by_channel=[[_received(bufs, s - 1)[b:b + rn, c0:c1]] for _, b, rn in views],
+            dsts_by_channel=dsts, replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
 
 
 @nki.jit
@@ -144,7 +147,8 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     adds the arriving sum while evacuating PSUM. Each rank's partial is rounded once to w's
     dtype (step 0 sends it as is); the running sums are added in FP32 and travel in
     ``sum_dtype`` (by default w's dtype: one rounding per hop, as a library reduce-scatter).
-    Buffers are double (step s writes buffer s % 2). That is the schedule through HBM; on
+    Buffers are double (step s writes buffer s % 2). That is the schedule through HBM
+    (`ring.scatter_steps` in halves, each step sent by `_hbm_send` as in the ring alone); on
     chip the steps are `ring.scatter_steps`' (both ways: two chunks a step, and the last
     step adds the sums from each side; `scatter_sbuf.sbuf_ring`).
 
@@ -162,7 +166,6 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     # larger operand, so each core loads only its half of it)
     col0, n = program_share(n_all, "matmul_reduce_scatter")
     w_mine = w[0:k, col0:col0 + n]
-    chans = list(range(channels))
     sdt = sum_dtype_for(w.dtype, sum_dtype)
     assert pieces is None or pieces >= 1, f"pieces must be >= 1, got {pieces}"
     plan = sbuf_ring_plan(ms, k, n, tp, channels, w.dtype.itemsize, sdt.itemsize, sbuf_bytes, both_ways)
@@ -176,7 +179,8 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
             pending = sbuf_ring(x_t, w_mine[0:k, b0:b0 + nb], z[0:ms, col0 + b0:col0 + b0 + nb], rg, tp, pos, ms,
                                  plan, bufs, pending, final=i == len(spans) - 1, phase=i * len(plan.steps))
         return z
-    part, land, acc = _ring_buffers(halves, n, w.dtype, sdt)
+    ring = ScatterLayout(scatter_steps(ms, tp, channels, False), 1, ms)  # halves through HBM
+    bufs = _hbm_buffers(ring, n, w.dtype, sdt)
     tiling = choose_tiling(ms, k, n, x_t.dtype.itemsize, w.dtype.itemsize, addend=True,
                            addend_itemsize=sdt.itemsize, sbuf_bytes=sbuf_bytes)
     group_cols = tiling.n_tiles * MOVING_FMAX
@@ -193,24 +197,25 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
 
         def on_evac(n0, ncols):
             while todo and todo[0][0] + todo[0][1] <= n0 + ncols:
-                cols = todo.pop(0)
+                c0, cn = todo.pop(0)
                 for i in range(row_pieces):
-                    pipe.defer(lambda cols=cols, i=i: _ring_step(rg, s, part, land, acc, chans, *cols,
-                                                                 piece=(i, row_pieces)))
+                    pipe.defer(lambda c0=c0, cn=cn, i=i: _hbm_send(rg, ring, bufs, s, c0, c0 + cn, (i, row_pieces)))
         return on_evac
-    for s in range(tp):
-        last = s == tp - 1
+    last_s = len(ring.steps) - 1
+    for s, step in enumerate(ring.steps):
         blocks = []
-        for c, (off, h) in enumerate(halves):
-            col = position_after(pos, s + 1, tp, c) * ms + off
-            if last:
-                addend = _received(land, acc, c, s - 1) if tp > 1 else None
-                blocks.append(RowBlock(x_t[0:k, col:col + h], z[off:off + h, col0:col0 + n], addend))
-            else:
-                blocks.append(RowBlock(x_t[0:k, col:col + h], part[c][s % 2]))
+        if s < last_s:
+            for ch in step:
+                col = chunk_owner(pos, ch, last_s - s, tp) * ms + ch.offset
+                blocks.append(RowBlock(x_t[0:k, col:col + ch.rows], bufs[0][s % 2][ch.slot:ch.slot + ch.rows]))
+        else:  # the own chunk, in the rows each channel's sums arrive in, added at evacuation
+            for ch in (ring.steps[s - 1] if s else step):
+                col, got = pos * ms + ch.offset, ring.recv_row(ch)
+                blocks.append(RowBlock(x_t[0:k, col:col + ch.rows], z[ch.offset:ch.offset + ch.rows, col0:col0 + n],
+                                       _received(bufs, s - 1)[got:got + ch.rows] if s else None))
         # Column groups run left to right (n_outer); a slab goes on as soon as its columns
         # are evacuated, the last one once the next step's first loads are out (MatmulPipeline).
-        pipe(blocks, w_mine, n_outer=True, flush=last, on_evac=None if last else sender(s))
+        pipe(blocks, w_mine, n_outer=True, flush=s == last_s, on_evac=None if s == last_s else sender(s))
     return z
 
 
@@ -248,14 +253,8 @@ def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None, k=None, sbu
     steps = scatter_steps(ms, tp, channels, bool(both_ways) and channels > 1)
     ring = ScatterLayout(steps, 2 if both_ways and channels > 1 else 1, ms)
     last_s = len(steps) - 1
-    width = max(step_width(st) for st in steps)
-    sent = [nl.ndarray((width, n), dtype=dt, buffer=nl.private_hbm, name=f"part{i}") for i in range(2)]
-    # step 0's sums arrive in partial's dtype, later ones in the sum dtype; a region per side
-    land = nl.ndarray((ring.sides * ms, n), dtype=dt, buffer=nl.private_hbm, name="land")
-    acc = [nl.ndarray((ring.sides * ms, n), dtype=sdt, buffer=nl.private_hbm, name=f"acc{i}") for i in range(2)]
-
-    def got(s: int) -> Any:  # the sums received at step s
-        return land if s == 0 else acc[s % 2]
+    bufs = _hbm_buffers(ring, n, dt, sdt)
+    sent, land = bufs[0], bufs[1]
     o_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_o{i}") for i in range(2)]
     if ring.zero_spans(ms):
         nisa.memset(o_t[1], 0.0, name="rs_zero")
@@ -268,17 +267,7 @@ def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None, k=None, sbu
             row = chunk_owner(pos, ch, last_s - s, tp) * ms + ch.offset
             nisa.dma_copy(dst=sent[s % 2][ch.slot:ch.slot + ch.rows, 0:n],
                           src=partial[row:row + ch.rows, col0:col0 + n], name="rs_stage")
-        mine = [[sent[s % 2][ch.slot:ch.slot + ch.rows, 0:n]] for ch in steps[s]]
-        dsts = [[got(s)[ring.recv_row(ch):ring.recv_row(ch) + ch.rows, 0:n]] for ch in steps[s]]
-        chans = [ch.channel for ch in steps[s]]
-        if s == 0:
-            ncc.collective_permute_implicit(srcs_by_channel=mine, dsts_by_channel=dsts, replica_group=rg,
-                                            channel_ids=chans, name="rs_step0")
-        else:
-            ncc.collective_permute_implicit_reduce(
-                srcs0_by_channel=mine,
-                srcs1_by_channel=[[got(s - 1)[ring.recv_row(ch):ring.recv_row(ch) + ch.rows, 0:n]] for ch in steps[s]],
-                dsts_by_channel=dsts, replica_group=rg, op=nl.add, channel_ids=chans, name=f"rs_step{s}")
+        _hbm_send(rg, ring, bufs, s, 0, n)
     mine = pos * ms
     sides = ring.sides if tp > 1 else 0
     a_t = [nl.ndarray((PMAX, MOVING_FMAX), dtype=dt, buffer=nl.sbuf, name=f"rs_a{i}") for i in range(2)]
@@ -296,8 +285,8 @@ def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None, k=None, sbu
             src = a
             for d in range(sides):
                 b, dst = b_t[d][i % 2], (o if d == sides - 1 else s_t[i % 2])
-                nisa.dma_copy(dst=b[0:rs, 0:cs], src=got(last_s - 1)[d * ms + r0:d * ms + r0 + rs, c0:c0 + cs],
-                              name="rs_ld_acc")
+                got = _received(bufs, last_s - 1)
+                nisa.dma_copy(dst=b[0:rs, 0:cs], src=got[d * ms + r0:d * ms + r0 + rs, c0:c0 + cs], name="rs_ld_acc")
                 nisa.tensor_tensor(dst[0:rs, 0:cs], src[0:rs, 0:cs], b[0:rs, 0:cs], op=nl.add, name="rs_add")
                 src = dst
             if not sides:
