@@ -104,7 +104,7 @@ class GatherPlan:
 
 
 def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, itemsize: int, out_itemsize: int,
-                sbuf_bytes: int, both_ways: bool | None = None) -> GatherPlan:
+                sbuf_bytes: int, both_ways: bool | None = None, programs: int | None = None) -> GatherPlan:
     """The ring schedule, pipeline calls, tiling and ring buffers of `allgather_matmul` for a
     program holding rows ``base..base+mine`` of each [k, M_shard] shard and a [k, n] weight.
 
@@ -124,14 +124,16 @@ def gather_plan(k: int, base: int, mine: int, n: int, tp: int, channels: int, it
     At LNC 2 a call of one step may be bound by its loads and the ring's transfers (each
     core has half the rows); then a call multiplies two steps' shards, within one PSUM row
     group, or one step where two do not fit on chip. (Grouping steps at LNC 1 measured
-    slower in the simulator, so it is kept to LNC 2.)"""
+    slower in the simulator, so it is kept to LNC 2.) ``programs``: the rank's programs (LNC);
+    None: ``nl.num_programs()`` of the running kernel."""
+    programs = nl.num_programs() if programs is None else programs
     ways = [True, False] if both_ways is None and channels > 1 else [bool(both_ways) and channels > 1]
     fallback = None  # through HBM: the last way tried (halves where there is a choice)
     for way in ways:
         steps = gather_steps(base, mine, tp, channels, way)
         widest = max(step_width(st) for st in steps)
         per_call = 1
-        while per_call < nl.num_programs() and (per_call + 1) * widest <= STATIONARY_FMAX * PSUM_BANKS:
+        while per_call < programs and (per_call + 1) * widest <= STATIONARY_FMAX * PSUM_BANKS:
             rows = per_call * widest
             t = choose_tiling(rows, k, n, itemsize, out_itemsize, sbuf_bytes=sbuf_bytes)
             if not loads_outlast_matmul(rows, k, n, itemsize, t, rows * k * itemsize):

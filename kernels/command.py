@@ -31,6 +31,7 @@ import numpy as np
 
 from trnopt.kernels import overlap
 from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring, overlap_variants
+from trnopt.kernels.tiling import SBUF_TRN2
 from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.cost.overlap import measured
 
@@ -67,7 +68,7 @@ def scaled_shape(kernel: str, tp: int) -> tuple[int, int, int]:
     return m, SCALED["n"], SCALED["k"]
 
 
-def check_tp(group: GroupPlan, kernel: str, lnc: int = 1) -> list[Check]:
+def check_tp(group: GroupPlan, kernel: str, lnc: int = 1, sbuf_bytes: int = SBUF_TRN2) -> list[Check]:
     from trnopt.kernels.allgather_matmul import allgather_matmul_reference, allgather_reference
     from trnopt.kernels.matmul_reduce_scatter import matmul_reduce_scatter_reference, reduce_scatter_reference
     from trnopt.kernels.sim import run_ranks
@@ -76,14 +77,15 @@ def check_tp(group: GroupPlan, kernel: str, lnc: int = 1) -> list[Check]:
     tp = len(ring)
     pos = {r: i for i, r in enumerate(ring)}
     m, k, n = scaled_shape(kernel, tp)
-    mm, cc_, fused, (x, w) = overlap_variants(kernel, ring, m, k, n, BF16, group.channels, numerics=True, seed=7)
+    mm, cc_, fused, (x, w) = overlap_variants(kernel, ring, m, k, n, BF16, group.channels, numerics=True, seed=7,
+                                              sbuf_bytes=sbuf_bytes)
     label = f"{group.dim.upper()}{tp} ring {list(group.first_group[:8])}{'...' if tp > 8 else ''}"
     out = []
     for variant, name in ((fused, kernel), (cc_, cc_.kernel.__name__)):
         t0 = time.perf_counter()
         try:
             res = run_ranks(variant.kernel, variant.args_per_rank, link=group.link, numerics=True, timeout_s=120,
-                            kwargs=dict(variant.kwargs), lnc=lnc)
+                            kwargs=dict(variant.kwargs), lnc=lnc, sbuf_bytes_per_partition=sbuf_bytes)
         except Exception as exc:  # noqa: BLE001 - a kernel that fails is a wrong result, reported
             out.append(Check(name, label, f"M {m} K {k} N {n}", False, f"{type(exc).__name__}: {exc}",
                              time.perf_counter() - t0))
@@ -103,7 +105,8 @@ def check_tp(group: GroupPlan, kernel: str, lnc: int = 1) -> list[Check]:
     return out
 
 
-def check_ep(group: GroupPlan, lnc: int = 1, channels: int = 1, e_local: int = 1) -> list[Check]:
+def check_ep(group: GroupPlan, lnc: int = 1, channels: int = 1, e_local: int = 1,
+             sbuf_bytes: int = SBUF_TRN2) -> list[Check]:
     """The expert kernel on all ranks of one EP group at a scaled shape, with the plan's
     exchange and up to two of its local experts (``e_local``), against the reference."""
     from trnopt.kernels.alltoall_expert_matmul import alltoall_expert_matmul, alltoall_expert_matmul_reference
@@ -121,7 +124,8 @@ def check_ep(group: GroupPlan, lnc: int = 1, channels: int = 1, e_local: int = 1
     shape = f"S {s_n} E_local {el} H {h} C {c} F {f}"
     try:
         res = run_ranks(alltoall_expert_matmul, [(x[pos[i]], w[pos[i]]) for i in range(ep)], link=group.link,
-                        numerics=True, timeout_s=120, kwargs={"groups": (ring,), "channels": channels}, lnc=lnc)
+                        numerics=True, timeout_s=120, lnc=lnc, sbuf_bytes_per_partition=sbuf_bytes,
+                        kwargs={"groups": (ring,), "channels": channels, "sbuf_bytes": sbuf_bytes})
     except Exception as exc:  # noqa: BLE001
         return [Check("alltoall_expert_matmul", label, shape, False, f"{type(exc).__name__}: {exc}",
                       time.perf_counter() - t0)]
@@ -141,9 +145,11 @@ def _verdict(outputs: list, expected: list) -> tuple[bool, str]:
 
 
 # -- overlap table --------------------------------------------------------------------------------
-def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int, lnc: int = 1) -> dict:
-    """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only (the overlap harness)."""
-    res = overlap.measure(kernel, {"m": m, "k": k, "n": n}, link=group.link, lnc=lnc,
+def measure(group: GroupPlan, kernel: str, m: int, k: int, n: int, lnc: int = 1,
+            sbuf_bytes: int = SBUF_TRN2) -> dict:
+    """T_mm, T_cc, T_f of one TP kernel on the plan's ring, timeline only (the overlap harness),
+    with ``sbuf_bytes`` per partition (the target chip's, as benchmarks/overlap_table.py measures)."""
+    res = overlap.measure(kernel, {"m": m, "k": k, "n": n}, link=group.link, lnc=lnc, sbuf_bytes=sbuf_bytes,
                           ring=local_ring(group.first_group), channels=group.channels, timeout_s=600)
     return {"t_mm": res.t_mm, "t_cc": res.t_cc, "t_f": res.t_f, "hidden_fraction": res.hidden_fraction,
             "speedup": res.speedup}
@@ -169,12 +175,12 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
                "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class, **key)}
         if shape == "scaled":
             m, k, n = scaled_shape(ku.kernel, tp.size)
-            row.update(shape={"m": m, "k": k, "n": n}, **measure(tp, ku.kernel, m, k, n, plan.lnc),
-                       source="measured now")
+            row.update(shape={"m": m, "k": k, "n": n}, source="measured now",
+                       **measure(tp, ku.kernel, m, k, n, plan.lnc, plan.sbuf_bytes))
         else:
             try:
-                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n},
-                           **measure(tp, ku.kernel, ku.m, ku.k, ku.n, plan.lnc), source="measured now (symmetric)")
+                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n}, source="measured now (symmetric)",
+                           **measure(tp, ku.kernel, ku.m, ku.k, ku.n, plan.lnc, plan.sbuf_bytes))
             except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
                 row.update(_table_row(table, ku.kernel, tp, key), source=f"table (symmetric run failed: {exc})")
         rows.append(row)
@@ -223,10 +229,11 @@ def run(args) -> int:
     checks: list[Check] = []
     if plan.tp.size > 1:
         for kernel in ("allgather_matmul", "matmul_reduce_scatter"):
-            checks += check_tp(plan.tp, kernel, plan.lnc)
+            checks += check_tp(plan.tp, kernel, plan.lnc, plan.sbuf_bytes)
     expert = next((k for k in plan.kernels if k.kernel == "alltoall_expert_matmul"), None)
     if expert is not None:  # only where the layout has an EP group
-        checks += check_ep(plan.ep, plan.lnc, expert.channels, workload.model.moe.experts // layout.ep)
+        checks += check_ep(plan.ep, plan.lnc, expert.channels, workload.model.moe.experts // layout.ep,
+                           plan.sbuf_bytes)
     say("")
     say(f"simulator, scaled shape, data (BF16: an element passes within {overlap.TOLERANCE[BF16]:g} x (its value "
         f"+ the tensor's largest)), all ranks of one group:")

@@ -69,7 +69,6 @@ from trnopt.optimizer.model.workload import Workload
 
 ITEMSIZE = 2  # BF16 activations and weights
 SUM_ITEMSIZE = ITEMSIZE  # the reduce-scatter's running sums travel in the data's dtype (matmul_reduce_scatter's sum_dtype)
-PIECES = 4  # ring-step slabs (the kernels' default ``pieces``)
 
 
 @dataclass(frozen=True)
@@ -120,8 +119,8 @@ class KernelUse:
     k: int
     n: int
     channels: int
-    chunk_bytes: int  # bytes one ring step moves per channel (expert kernel: per sub-chunk, at the first step)
-    slab_bytes: int  # one of the PIECES slabs of a chunk (expert kernel: the chunk)
+    chunk_bytes: int  # bytes the widest ring step moves per channel (expert kernel: per sub-chunk, at the first step)
+    ring: str  # how the ring runs: where its chunks live, its schedule, its steps (`tp_ring`); expert kernel: its exchange
     tiling: str
     sbuf_bytes: int  # per partition, the matmul pipeline's SBUF buffers
     sbuf_capacity: int
@@ -142,6 +141,7 @@ class KernelPlan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     lnc: int = 1  # programs per rank the kernels run with (the layout's LNC)
     shape_class: str | None = None  # the overlap table's shape class of the model (its width)
+    sbuf_bytes: int = SBUF_TRN2  # SBUF bytes per partition of the target's chip, which the kernels plan for
 
     @property
     def groups(self) -> tuple[GroupPlan, ...]:
@@ -157,6 +157,8 @@ class KernelPlan:
                            f"(first {bad[0].src}->{bad[0].dst}: {bad[0].links} links)" if bad else
                            f"{g.dim}: some group's ring has a hop over more than one link")
         for k in self.kernels:
+            if k.ring.startswith("cannot run"):
+                out.append(f"{k.kernel}: {k.ring}")
             if not k.fits:
                 out.append(f"{k.kernel}: tiles need {k.sbuf_bytes} SBUF bytes/partition > {k.sbuf_capacity}")
         return out
@@ -184,8 +186,7 @@ class KernelPlan:
                 moves += f"{k.chunk_bytes / 2**20:.2f} MiB per sub-chunk" + (" per channel at the first step"
                                                                             if k.channels == 2 else "")
             else:
-                moves = (f"ring chunk {k.chunk_bytes / 2**20:.2f} MiB per step per channel in {PIECES} slabs of "
-                         f"{k.slab_bytes / 2**20:.2f} MiB")
+                moves = f"ring {k.ring}, up to {k.chunk_bytes / 2**20:.2f} MiB per step per channel"
             out.append(f"    M {k.m} K {k.k} N {k.n}, {k.channels} channel(s), {moves}; tiles {k.tiling}: "
                        f"{k.sbuf_bytes // 1024} KiB of {k.sbuf_capacity // 1024} KiB SBUF per partition "
                        f"({'fits' if k.fits else 'DOES NOT FIT'})")
@@ -344,17 +345,17 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
         m, k, n = shapes["allgather_matmul"]
         ms = m // layout.tp
         t = choose_tiling(ms, k, n, ITEMSIZE, ITEMSIZE, sbuf_bytes=cap)
-        chunk = k * -(-ms // ch) * ITEMSIZE
+        how, chunk = tp_ring("allgather_matmul", ms, k, n, layout.tp, ch, layout.lnc, cap)
         out.append(KernelUse("allgather_matmul", "QKV and MLP-in projections (column-parallel) forward; "
                              "gradient of attention-out and MLP-out inputs backward", m, k, n, ch, chunk,
-                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE), cap))
+                             how, _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE), cap))
         m, k, n = shapes["matmul_reduce_scatter"]
         t = choose_tiling(m // layout.tp, k, n, ITEMSIZE, ITEMSIZE, addend=True, addend_itemsize=SUM_ITEMSIZE,
                           sbuf_bytes=cap)
-        chunk = -(-(m // layout.tp) // ch) * n * SUM_ITEMSIZE
+        how, chunk = tp_ring("matmul_reduce_scatter", m // layout.tp, k, n, layout.tp, ch, layout.lnc, cap)
         out.append(KernelUse("matmul_reduce_scatter", "attention-out and MLP-out projections (row-parallel) "
                              "forward; gradient of QKV and MLP-in inputs backward", m, k, n, ch, chunk,
-                             -(-chunk // PIECES), _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, SUM_ITEMSIZE), cap))
+                             how, _tiling_text(t), t.sbuf_bytes(k, n, ITEMSIZE, ITEMSIZE, SUM_ITEMSIZE), cap))
     if ep is not None and mdl.moe is not None:
         ch = expert_channels(ep)
         tokens = workload.training.seq // layout.cp * layout.micro_batch // layout.tp * mdl.moe.top_k
@@ -372,8 +373,44 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
         chunk = layout.ep * block if ch == 1 else len(ring_alltoall.pieces(layout.ep, 0)) * block // 2
         out.append(KernelUse("alltoall_expert_matmul", f"MoE layers: dispatch, {e_local} local expert(s), combine "
                              f"(top-{mdl.moe.top_k}, 4 sub-chunks)", tokens, mdl.hidden, f, ch, chunk,
-                             chunk, _tiling_text(t), t.sbuf_bytes(mdl.hidden, f, ITEMSIZE, ITEMSIZE), cap))
+                             "all_to_all" if ch == 1 else "store and forward", _tiling_text(t),
+                             t.sbuf_bytes(mdl.hidden, f, ITEMSIZE, ITEMSIZE), cap))
     return out
+
+
+def tp_ring(kernel: str, ms: int, k: int, n: int, tp: int, channels: int, lnc: int,
+            sbuf_bytes: int) -> tuple[str, int]:
+    """How a TP kernel's ring runs at one rank's full shape: ``(description, bytes per
+    channel of its widest step)``, from the plan the kernel itself takes for its first
+    program (`allgather_matmul.gather_plan`, `scatter_sbuf.sbuf_ring_plan`; at LNC 2 each
+    of the rank's two programs runs such a ring on the same channels, so the bytes are
+    counted for both).
+
+    ``ms``: rows of a shard (all-gather) or of a chunk of the sum (reduce-scatter); ``k``,
+    ``n``: the kernel's contraction and output columns per rank. The description says
+    where the chunks live (SBUF, "on chip", or HBM), the schedule (`ring.gather_steps`:
+    one way on one channel, else both ways, about tp/2 steps, or halves, tp - 1) and the
+    steps, the rank's own included."""
+    from trnopt.kernels.allgather_matmul import gather_plan
+    from trnopt.kernels.ring import scatter_steps
+    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
+    from trnopt.kernels.tiling import split_rows
+
+    if ms < channels * lnc:  # the kernels' precondition: each program's rows split over the channels
+        return f"cannot run: {ms} rows per shard over {channels} channel(s) x {lnc} core(s)", 0
+    if kernel == "allgather_matmul":  # each program takes part of every shard's rows
+        base, mine = split_rows(ms, lnc)[0]
+        plan = gather_plan(k, base, mine, n, tp, channels, ITEMSIZE, ITEMSIZE, sbuf_bytes, programs=lnc)
+        steps, row_bytes = plan.steps, k * ITEMSIZE
+        where = f"on chip ({plan.n_bufs} shard buffers)" if plan.n_bufs else "through HBM"
+    else:  # each program takes part of the columns, the whole chunk's rows
+        cols = split_rows(n, lnc)[0][1]
+        plan = sbuf_ring_plan(ms, k, cols, tp, channels, ITEMSIZE, SUM_ITEMSIZE, sbuf_bytes)
+        steps, row_bytes = (plan.steps if plan else scatter_steps(ms, tp, channels, False)), cols * SUM_ITEMSIZE
+        where = f"on chip (weight in {plan.blocks} column block(s))" if plan else "through HBM"
+    way = "one way" if channels == 1 else "both ways" if len(steps) <= tp // 2 + 1 else "halves"
+    rows = max((ch.rows for st in steps for ch in st if ch.channel >= 0), default=0)
+    return f"{where}, {way}, {len(steps)} steps", rows * row_bytes * lnc
 
 
 def expert_channels(ep: GroupPlan) -> int:
@@ -405,7 +442,7 @@ def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPla
         notes.append("two chips on a partial axis share one link: one channel")
     return KernelPlan(target.name, layout.describe(), layout.ranks, tp, ep,
                       tuple(kernel_uses(workload, layout, target, tp, ep)), tuple(notes), layout.lnc,
-                      shape_class(workload.model.hidden))
+                      shape_class(workload.model.hidden), target.chip.sbuf_bytes_per_partition)
 
 
 # -- running the planned kernels in the simulator ------------------------------------------------

@@ -124,6 +124,34 @@ def test_kernels_on_a_tp_group_across_the_trn2u_ring(tmp_path, capsys):
     assert all(c["ok"] for c in doc["checks"])
 
 
+def test_kernels_run_with_the_target_chips_sbuf(tmp_path, monkeypatch):
+    """On Trn3 (256 KiB of SBUF per partition, not Trn2's 224) the command measures and checks
+    the kernels with the target chip's SBUF, as the overlap table was measured."""
+    from types import SimpleNamespace
+
+    import trnopt.kernels.sim as sim
+    from trnopt.kernels import command, overlap
+
+    seen = []
+
+    def fake_measure(*args, **kw):
+        seen.append(kw["sbuf_bytes"])
+        return SimpleNamespace(t_mm=1.0, t_cc=1.0, t_f=1.0, hidden_fraction=1.0, speedup=2.0)
+    run = sim.run_ranks
+
+    def recorded_run(*args, **kw):
+        seen.append(kw["sbuf_bytes_per_partition"])
+        return run(*args, **kw)
+    monkeypatch.setattr(overlap, "measure", fake_measure)
+    monkeypatch.setattr(sim, "run_ranks", recorded_run)
+    target, workload, layout = command.read_layout(str(hand_layout(tmp_path, "trn3-gen1", {"core": 4})))
+    plan = command.kernel_plan(workload, layout, target)
+    command.overlap_rows(plan, "full")
+    checks = command.check_tp(plan.tp, "allgather_matmul", plan.lnc, plan.sbuf_bytes)
+    assert all(c.ok for c in checks) and len(checks) == 2
+    assert seen == [target.chip.sbuf_bytes_per_partition] * 4 and seen[0] == 256 * 1024
+
+
 def test_full_shape_table_says_where_it_came_from(solved_layout, capsys):
     capsys.readouterr()
     assert main(["kernels", "--layout", str(solved_layout), "--json", "-"]) == 0

@@ -211,3 +211,34 @@ def test_four_channels_only_for_a_whole_node(target_name, tp, lnc, channels):
     """The collective pages allow 4 channels for a replica group of all devices in a node, 2 otherwise."""
     layout, target = layout_for(target_name, tp, lnc=lnc)
     assert kernel_plan(WORKLOAD, layout, target).tp.channels == channels
+
+
+@pytest.mark.parametrize("target_name,tp,lnc,where,way,steps", [
+    ("trn2", {"core": 4, "x": 4, "y": 4}, 2, "on chip", "both ways", 33),  # TP64: 128-row shards sit in SBUF
+    ("trn2", {"core": 4}, 2, "through HBM", "halves", 4),                  # TP4: 2,048-row shards do not
+    ("trn2", {"core": 4, "x": 2}, 2, "through HBM", "one way", 8),         # two chips on one link: one channel
+])
+def test_the_plan_states_the_ring_the_tp_kernels_run(target_name, tp, lnc, where, way, steps):
+    """Each TP kernel's line says where its ring's chunks live, its schedule, its steps (the
+    own one included) and the bytes per channel of its widest step, both cores of a rank
+    counted: a shard of 8192 / TP rows goes whole each way (both ways), split over all
+    channels (halves) or on one (one way)."""
+    layout, target = layout_for(target_name, tp, lnc=lnc)
+    plan = kernel_plan(WORKLOAD, layout, target)
+    ms = 8192 // layout.tp
+    for use in plan.kernels:
+        assert use.ring == f"{where}{use.ring[len(where):use.ring.index(',')]}, {way}, {steps} steps", use.ring
+        per_channel = ms // (use.channels // 2) if way == "both ways" else ms // use.channels
+        row_bytes = 2 * (use.k if use.kernel == "allgather_matmul" else use.n)  # BF16 shard rows or sum rows
+        assert use.chunk_bytes == per_channel * row_bytes, (use.kernel, use.chunk_bytes)
+        assert f"ring {use.ring}, up to {use.chunk_bytes / 2**20:.2f} MiB per step per channel" in "\n".join(plan.lines())
+
+
+def test_a_shard_too_small_for_the_channels_is_a_plan_problem():
+    """At 256 sequence rows TP64 leaves 4 rows a shard: fewer than 4 channels x 2 cores, the
+    kernels' precondition; the plan says so instead of describing a ring that cannot run."""
+    short = Workload(load_model("llama3-405b"), Training(seq=256, global_batch=1024))
+    layout, target = layout_for("trn2", {"core": 4, "x": 4, "y": 4}, lnc=2)
+    plan = kernel_plan(short, layout, target)
+    assert plan.problems() == [f"{kernel}: cannot run: 4 rows per shard over 4 channel(s) x 2 core(s)"
+                               for kernel in ("allgather_matmul", "matmul_reduce_scatter")]
