@@ -37,7 +37,6 @@ is the ring alone on the same schedule.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import sys

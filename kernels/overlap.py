@@ -252,7 +252,7 @@ def _build_expert(shape, ring, dtype, numerics, seed, kw) -> Launches:
     el, n_sub = shape.get("e_local", 1), shape.get("n_sub", 4)
     cap = capacity_slots(tokens, ep * el, n_sub, shape.get("capacity_pct", 100) / 100)
     c = cap // n_sub
-    xs, ys = (n_sub, ep, el, h, c), (n_sub, ep, el, c, f)
+    xs = (n_sub, ep, el, h, c)
     pos = {r: i for i, r in enumerate(ring)}
     at = [pos[i] for i in range(ep)]
     x = [operand(xs, dtype, numerics, seed=seed + p) for p in range(ep)]

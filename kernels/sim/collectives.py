@@ -480,7 +480,7 @@ def _v_collective(op: str, srcs: Any, dsts: Any, replica_group: Any, metadata_te
         raise ConstraintError(f"{w}: {op} takes exactly one src and one dst tensor")
     _placement(ctx, op, name, srcs + dsts, w, hbm_only=True, n_srcs=1)
     ranks = _my_list(ctx, replica_group, w)
-    n, pos = len(ranks), ranks.index(ctx.rank)
+    n = len(ranks)
     if meta is None:
         meta = _metadata(ctx, metadata_tensor, 2 + int(recv_counts_known) + int(has_rdispls), w)
     src, dst = srcs[0], dsts[0]

@@ -17,7 +17,6 @@ nothing has written, which is how a fresh PSUM tile accumulates over K tiles;
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,6 @@ from . import language as nl
 from .errors import ConstraintError, SimulatorError
 from .instruction import NkiInstruction
 from .rendezvous import Deposit
-from .language import NKIObject
 from .state import BLAS_LOCK
 from .state import current as _current
 from .tensor import MemoryRegion, NkiTensor

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConstraintError, UninitializedReadError
-from .tensor import Allocation, MemoryRegion, NkiTensor
+from .tensor import Allocation, NkiTensor
 
 
 class RaceError(ConstraintError):

@@ -55,7 +55,6 @@ from array import array
 from collections.abc import Iterator
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout

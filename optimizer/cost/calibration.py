@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources

@@ -59,7 +59,7 @@ def read_text(path: str, key: str = "-", max_bytes: int = MAX_BYTES, kind: str =
         raise InputError(path, key, f"more than {max_bytes:,} bytes; at most {max_bytes:,} are read")
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError:
         raise InputError(path, key, "not UTF-8 text") from None
     return text[1:] if text.startswith(BOM) else text
 

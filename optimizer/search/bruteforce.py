@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
+from trnopt.optimizer.cost.evaluate import Evaluation, objective_value
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.search.space import Space
 

@@ -35,7 +35,6 @@ from collections.abc import Collection
 import numpy as np
 from ortools.sat.python import cp_model
 
-from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.evaluate import Evaluation, inverse_goodput
 from trnopt.optimizer.cost.memory import memory_terms
 from trnopt.optimizer.cost.steptime import TERMS, ideal_compute_time, step_terms

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from trnopt.optimizer.search.bruteforce import brute_force
 from trnopt.optimizer.errors import InfeasibleError
-from trnopt.optimizer.cost.evaluate import evaluate, objective_value
+from trnopt.optimizer.cost.evaluate import objective_value
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.search.domains import explain_infeasible
 from trnopt.optimizer.search.driver import score_layout, solve, solve_space
