@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from trnopt.kernels import overlap
-from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring, overlap_variants
+from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring
 from trnopt.kernels.tiling import SBUF_TRN2
 from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.cost.overlap import measured
@@ -66,6 +66,26 @@ def scaled_shape(kernel: str, tp: int) -> tuple[int, int, int]:
     if kernel == "allgather_matmul":
         return m, SCALED["k"], SCALED["n"]
     return m, SCALED["n"], SCALED["k"]
+
+
+def overlap_variants(kernel: str, ring: tuple[int, ...], m: int, k: int, n: int, dtype, channels: int,
+                     numerics: bool, seed: int = 0, sbuf_bytes: int = SBUF_TRN2):
+    """(mm, cc, fused) Variants of a TP kernel on the ring ``ring`` (simulator ids, ring order),
+    from the overlap registry (`trnopt.kernels.overlap.launches`), and the per-position
+    inputs (x, w) for the references.
+
+    allgather_matmul: X [m, k] gathered from shards of m / tp rows, W [k, n] per rank.
+    matmul_reduce_scatter: X [m, k] per rank (a K-slice), W [k, n], output rows m / tp.
+    """
+    if kernel not in ("allgather_matmul", "matmul_reduce_scatter"):
+        raise ValueError(f"unknown TP kernel {kernel!r}")
+    lx = overlap.launches(kernel, {"m": m, "k": k, "n": n}, ring=ring, channels=channels, dtype=dtype, numerics=numerics,
+                  seed=seed, sbuf_bytes=sbuf_bytes)
+    pos = {r: i for i, r in enumerate(ring)}
+    by_pos = sorted(range(len(ring)), key=lambda i: pos[i])  # simulator id of each list position
+    x = [lx.fused.args_per_rank[i][0] for i in by_pos]
+    w = [lx.fused.args_per_rank[i][1] for i in by_pos]
+    return lx.mm, lx.cc, lx.fused, (x, w)
 
 
 def check_tp(group: GroupPlan, kernel: str, lnc: int = 1, sbuf_bytes: int = SBUF_TRN2) -> list[Check]:

@@ -16,8 +16,8 @@ a fixed offset on every axis: its members are as far apart, hop by hop and at th
 any torus, ring or switch. The plan therefore costs the same at 4 million ranks as at 16
 (the tests check the claim against every group of small layouts);
 - the channels the topology allows and the simulator LinkModel of one channel;
-- the kernels each layer uses, with full-shape chunk sizes and the tiling that must fit
-  SBUF.
+- the kernels each layer uses, at full shape: how each TP kernel's ring runs (`tp_ring`,
+  from the kernel's own plan) and the tiling that must fit SBUF.
 
 Ring order. The group's chips form a box: on every axis the group spans a set of
 coordinates (TP, innermost in rank order, a contiguous block). The chips are put in a
@@ -59,8 +59,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from trnopt.kernels import ring_alltoall
+from trnopt.kernels.allgather_matmul import gather_plan
+from trnopt.kernels.ring import scatter_steps
+from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
 from trnopt.kernels.sim import LinkModel
-from trnopt.kernels.tiling import MOVING_FMAX, PMAX, SBUF_TRN2, choose_tiling
+from trnopt.kernels.tiling import MOVING_FMAX, PMAX, SBUF_TRN2, choose_tiling, split_rows
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost.overlap import shape_class
 from trnopt.optimizer.model.layout import DIMS, Layout
@@ -391,11 +394,6 @@ def tp_ring(kernel: str, ms: int, k: int, n: int, tp: int, channels: int, lnc: i
     where the chunks live (SBUF, "on chip", or HBM), the schedule (`ring.gather_steps`:
     one way on one channel, else both ways, about tp/2 steps, or halves, tp - 1) and the
     steps, the rank's own included."""
-    from trnopt.kernels.allgather_matmul import gather_plan
-    from trnopt.kernels.ring import scatter_steps
-    from trnopt.kernels.scatter_sbuf import sbuf_ring_plan
-    from trnopt.kernels.tiling import split_rows
-
     if ms < channels * lnc:  # the kernels' precondition: each program's rows split over the channels
         return f"cannot run: {ms} rows per shard over {channels} channel(s) x {lnc} core(s)", 0
     if kernel == "allgather_matmul":  # each program takes part of every shard's rows
@@ -445,32 +443,9 @@ def kernel_plan(workload: Workload, layout: Layout, target: Target) -> KernelPla
                       shape_class(workload.model.hidden), target.chip.sbuf_bytes_per_partition)
 
 
-# -- running the planned kernels in the simulator ------------------------------------------------
+# -- the planned rings in the simulator ------------------------------------------------------------
 def local_ring(group: tuple[int, ...]) -> tuple[int, ...]:
     """The ring of one replica group in simulator rank ids: rank r of the group runs as id
     ``sorted(group).index(r)``, so the ring order (not the id order) is what the kernel sees."""
     ids = {r: i for i, r in enumerate(sorted(group))}
     return tuple(ids[r] for r in group)
-
-
-def overlap_variants(kernel: str, ring: tuple[int, ...], m: int, k: int, n: int, dtype, channels: int,
-                     numerics: bool, seed: int = 0, sbuf_bytes: int = SBUF_TRN2):
-    """(mm, cc, fused) Variants of a TP kernel on the ring ``ring`` (simulator ids, ring order),
-    from the overlap registry (`trnopt.kernels.overlap.launches`), and the per-position
-    inputs (x, w) for the references.
-
-    allgather_matmul: X [m, k] gathered from shards of m / tp rows, W [k, n] per rank.
-    matmul_reduce_scatter: X [m, k] per rank (a K-slice), W [k, n], output rows m / tp.
-    """
-    from trnopt.kernels.overlap import REGISTRY, launches
-
-    if kernel not in ("allgather_matmul", "matmul_reduce_scatter"):
-        raise ValueError(f"unknown TP kernel {kernel!r}")
-    assert kernel in REGISTRY
-    lx = launches(kernel, {"m": m, "k": k, "n": n}, ring=ring, channels=channels, dtype=dtype, numerics=numerics,
-                  seed=seed, sbuf_bytes=sbuf_bytes)
-    pos = {r: i for i, r in enumerate(ring)}
-    by_pos = sorted(range(len(ring)), key=lambda i: pos[i])  # simulator id of each list position
-    x = [lx.fused.args_per_rank[i][0] for i in by_pos]
-    w = [lx.fused.args_per_rank[i][1] for i in by_pos]
-    return lx.mm, lx.cc, lx.fused, (x, w)
