@@ -140,7 +140,8 @@ def _placement(ctx: Any, op: str, name: str | None, tensors: list[NkiTensor], w:
     """Placement rules of collective tensors (``tensors``: the srcs first, ``n_srcs`` of them).
 
     From the nki.collectives pages (Neuron SDK 2.33): tensors on HBM or SBUF, not a mix,
-    never PSUM; HBM srcs all private_hbm or all shared_hbm, and likewise the dsts; for the
+    never PSUM (stated for all_reduce, all_gather and reduce_scatter; the implicit permutes'
+    pages state no memory rule, and the simulator holds them to the same one); HBM srcs all private_hbm or all shared_hbm, and likewise the dsts; for the
     collectives in ``LNC1_PRIVATE_SRCS``, with LNC degree 1 HBM srcs must be private_hbm. A
     kernel argument is an HBM tensor the caller owns (shared_hbm in the simulator), so at
     LNC 1 it cannot be a collective src: kernels copy it into a private_hbm buffer first.
