@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from trnopt.kernels.nki_api import ncc, nisa, nki, nl
 from trnopt.kernels.references import matmul_reduce_scatter_reference, reduce_scatter_reference  # noqa: F401
-from trnopt.kernels.ring import (SLAB_BYTES, ScatterLayout, channel_halves, chunk_owner,
+from trnopt.kernels.ring import (SLAB_BYTES, ScatterLayout, chunk_owner,
                                 program_share, ring_setup, scatter_steps, step_width)
 from trnopt.kernels.scatter_sbuf import sbuf_buffers, sbuf_ring, sbuf_ring_plan
 from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline, RowBlock, choose_tiling,
@@ -32,8 +32,8 @@ from trnopt.kernels.tiling import (MOVING_FMAX, PMAX, SBUF_TRN2, MatmulPipeline,
 def _ring_setup(groups: Sequence[Sequence[int]], m: int, channels: int, what: str):
     rg, tp, pos = ring_setup(groups, channels, what)
     assert m % tp == 0, f"{what}: M={m} rows must split evenly over the {tp} ranks of the ring"
-    halves = channel_halves(m // tp, channels, what)
-    return rg, tp, pos, m // tp, halves
+    assert m // tp >= channels, f"{what}: {m // tp} rows per chunk cannot be split over {channels} channels"
+    return rg, tp, pos, m // tp
 
 
 def sum_dtype_for(dtype: Any, sum_dtype: Any = None) -> Any:
@@ -160,7 +160,7 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     # ~110 lines, 60 of them docstring: the choice between the two rings and the HBM ring's
     # step loop, whose sender closes over the loop's buffers
     k, m, n_all = matmul_operands(x_t, w)
-    rg, tp, pos, ms, halves = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
+    rg, tp, pos, ms = _ring_setup(groups, m, channels, "matmul_reduce_scatter")
     z = nl.ndarray((ms, n_all), dtype=w.dtype, buffer=nl.shared_hbm, name="z")
     # this physical core's columns col0..col0+n, its own ring (LNC 2: the weight is the
     # larger operand, so each core loads only its half of it)
@@ -188,8 +188,9 @@ def matmul_reduce_scatter(x_t, w, groups, channels=1, pieces=None, sbuf_bytes=SB
     pipe = MatmulPipeline(k, n, x_t.dtype, w.dtype, tiling, addend_dtype=sdt, name="rs")
 
     # a slab of more than about SLAB_BYTES per channel goes in row pieces
-    slab_bytes = halves[0][1] * max(nl_ for _, nl_ in slabs) * sdt.itemsize
-    row_pieces = max(1, min(halves[-1][1], -(-slab_bytes // SLAB_BYTES)))
+    chunk_rows = [ch.rows for ch in ring.steps[0]]  # per channel (the own chunk when tp = 1)
+    slab_bytes = max(chunk_rows) * max(nl_ for _, nl_ in slabs) * sdt.itemsize
+    row_pieces = max(1, min(min(chunk_rows), -(-slab_bytes // SLAB_BYTES)))
 
     def sender(s):
         # send each slab once the evacuation of its last column group is emitted
@@ -242,7 +243,7 @@ def reduce_scatter_ring(partial, groups, channels=1, sum_dtype=None, k=None, sbu
     """
     assert len(partial.shape) == 2, f"partial must be 2-D, got {tuple(partial.shape)}"
     m, n_all = partial.shape
-    rg, tp, pos, ms, _ = _ring_setup(groups, m, channels, "reduce_scatter_ring")
+    rg, tp, pos, ms = _ring_setup(groups, m, channels, "reduce_scatter_ring")
     dt = partial.dtype
     sdt = sum_dtype_for(dt, sum_dtype)
     z = nl.ndarray((ms, n_all), dtype=dt, buffer=nl.shared_hbm, name="z")

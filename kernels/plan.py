@@ -384,10 +384,9 @@ def kernel_uses(workload: Workload, layout: Layout, target: Target, tp: GroupPla
 def tp_ring(kernel: str, ms: int, k: int, n: int, tp: int, channels: int, lnc: int,
             sbuf_bytes: int) -> tuple[str, int]:
     """How a TP kernel's ring runs at one rank's full shape: ``(description, bytes per
-    channel of its widest step)``, from the plan the kernel itself takes for its first
-    program (`allgather_matmul.gather_plan`, `scatter_sbuf.sbuf_ring_plan`; at LNC 2 each
-    of the rank's two programs runs such a ring on the same channels, so the bytes are
-    counted for both).
+    channel of its widest step)``, from the plan the kernel takes for its first program
+    (`allgather_matmul.gather_plan`, `scatter_sbuf.sbuf_ring_plan`; at LNC 2 both programs
+    run such a ring on the same channels, so the bytes count both).
 
     ``ms``: rows of a shard (all-gather) or of a chunk of the sum (reduce-scatter); ``k``,
     ``n``: the kernel's contraction and output columns per rank. The description says
