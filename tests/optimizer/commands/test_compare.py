@@ -12,6 +12,7 @@ import pytest
 from trnopt.optimizer.commands import compare
 from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.cost.evaluate import evaluate
+from trnopt.optimizer.errors import TimeLimitError
 from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.cost.overlap import measured
 from trnopt.optimizer.model.target import GIB, load_target
@@ -99,3 +100,30 @@ def test_bad_flags_are_one_line_errors(capsys, argv, rule):
     assert main(["compare", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and rule in err
+
+
+def test_one_target_out_of_time_keeps_the_others_and_exits_4(monkeypatch, capsys, tmp_path):
+    # the search of trn2u ends without a layout and without a proof (as a loaded machine or a short
+    # --time-limit gives it); which target is slow is planted, so the test does not depend on speed
+    real = compare.solve
+
+    def slow_on_trn2u(problem, *args, **kwargs):
+        if problem.target.name == "trn2u":
+            raise TimeLimitError("no layout found within 5 s (UNKNOWN), and none is proven impossible")
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "solve", slow_on_trn2u)
+    out = tmp_path / "cmp.json"
+    code = main(["compare", "--model", "llama3-8b", "--targets", "trn2u,trn3-gen2", "--ultraservers", "1",
+                 *FAST, "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 4
+    assert captured.err.count("\n") == 1 and captured.err.startswith("trnopt: time limit: ")
+    assert "trn2u" in captured.err and "trn3-gen2" not in captured.err
+    lines = captured.out.splitlines()
+    assert next(x for x in lines if x.startswith("trn2u")).split()[3:5] == ["TIME", "LIMIT"]
+    assert "  trn2u: time limit: no layout found within 5 s" in captured.out
+    rows = {r["target"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["trn2u"]["status"] == "time_limit" and "none is proven impossible" in rows["trn2u"]["reason"]
+    assert rows["trn3-gen2"]["status"] == "solved" and rows["trn3-gen2"]["layout"]["tp"] >= 1
+    assert "4 the time limit" in compare.EXIT_CODES
