@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trnopt.optimizer.cost import collectives
-from trnopt.optimizer.cost.collectives import Span, coefficients, levels
+from trnopt.optimizer.cost.collectives import Span, coefficients, collective_time
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.inputfile import read_text
 from trnopt.optimizer.model.target import GIB, Axis, Target
@@ -46,6 +46,24 @@ OPS = {"all_reduce": "all_reduce", "allr": "all_reduce", "all_gather": "all_gath
 DTYPE_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "fp16": 2, "bf16": 2, "uint32": 4, "int32": 4,
                "fp32": 4, "fp8": 1, "fp8e4": 1, "fp8e5": 1}
 MIN_SIZES = 3
+MAX_COUNT = 2**20
+"""Largest rank, node or domain count a file or flag may state (far above any Neuron cluster)."""
+MAX_SIZE = 2**50
+"""Largest message size (bytes) a row may state (1 PiB; nccom-test's -e tops out far below)."""
+NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?"
+"""A decimal number in ASCII digits (Python's float() also takes other scripts' digits and '_')."""
+TIME_DROP = 0.03
+"""How far (relative) a row's time may fall below a smaller size's before the table is refused:
+the guide's two-instance example has 1,315 us at 128 KiB and 1,311 us at 256 KiB."""
+ALGBW_DROP = 0.75
+"""How far (relative) the largest size's algbw may fall below the best of the table before it is
+refused: the runtime's switch from RDH to a ring adds a fixed ring setup that halves algbw
+just above the switch in the cost model (collectives.Runtime.ring_setup), after which it
+climbs again; a table whose bandwidth ends below a quarter of its best is falling.
+"""
+MIN_GROWTH = 1.05
+"""The largest message must take at least this many times the smallest's: else the table never
+leaves the latency floor and measures no bandwidth."""
 
 
 class MeasurementError(InputError):
@@ -128,20 +146,32 @@ def _shape_from_header(lines: list[str]) -> tuple[dict, int]:
 
 
 def _int_value(path: str, line: int, key: str, value: str) -> int:
-    if not re.fullmatch(r"\d+", str(value)) or int(value) < 1:
-        raise MeasurementError(path, line, f"{key} must be a positive integer, got {value!r}")
+    """A positive integer in ASCII digits, at most MAX_COUNT (a 5,000-digit count is refused, not parsed)."""
+    if not re.fullmatch(r"[0-9]{1,9}", str(value)) or not 1 <= int(value) <= MAX_COUNT:
+        raise MeasurementError(path, line, f"{key} must be an integer from 1 to {MAX_COUNT:,} in ASCII digits, got "
+                               f"{str(value)[:40]!r}")
     return int(value)
 
 
-def parse(text: str, path: str) -> Run:
-    """One nccom-test output; MeasurementError naming the file, the line and the rule."""
+def parse(text: str, path: str, given: dict[str, str] | None = None) -> Run:
+    """One nccom-test output; MeasurementError naming the file, the line and the rule.
+
+    ``given``: the shape calibrate's flags state (keys op, ranks, nodes; values as typed),
+    for files that state none: nccom-test prints no command line. A file that states a
+    different value than a flag is refused.
+    """
     lines = text.splitlines()
     try:
         shape, at = _shape_from_header(lines)
     except MeasurementError as exc:
         raise MeasurementError(path, int(exc.key), exc.rule) from None
     name = Path(path).name
-    m = re.search(r"(?:^|[_.-])r(\d+)(?:[_.-]N(\d+))?(?:[_.-]|$)", name)
+    for key, value in (given or {}).items():
+        if key in shape and (OPS.get(shape[key]) if key == "op" else shape[key].lstrip("0")) != \
+                (OPS.get(value) if key == "op" else value.lstrip("0")):
+            raise MeasurementError(path, at, f"the file gives {key} {shape[key]!r}, --{key} {value!r}")
+        shape[key] = value
+    m = re.search(r"(?:^|[_.-])r([0-9]+)(?:[_.-]N([0-9]+))?(?:[_.-]|$)", name)
     if "ranks" not in shape and m:
         shape["ranks"], shape["nodes"] = m.group(1), m.group(2) or "1"
     if "op" not in shape:
@@ -149,9 +179,9 @@ def parse(text: str, path: str) -> Run:
         if op:
             shape["op"] = op
     if "ranks" not in shape or "op" not in shape:
-        raise MeasurementError(path, at, "rank count or operation not given: start the file with the command "
-                               "(# nccom-test -r 64 -N 2 ... allr), a '# trnopt: op=all_reduce ranks=64 nodes=2' "
-                               "line, or name it like allr_r64_N2.txt")
+        raise MeasurementError(path, at, "rank count or operation not given: pass --op, --ranks and --nodes, "
+                               "start the file with the command (# nccom-test -r 64 -N 2 ... allr) or a "
+                               "'# trnopt: op=all_reduce ranks=64 nodes=2' line, or name it like allr_r64_N2.txt")
     if shape["op"] not in OPS:
         raise MeasurementError(path, at, f"unknown operation {shape['op']!r}; one of {', '.join(sorted(OPS))}")
     op = OPS[shape["op"]]
@@ -187,7 +217,7 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
         if not raw:
             continue
         if raw.startswith("Avg bus bandwidth"):
-            m = re.search(r":\s*([0-9.]+)\s*GB/s", raw)
+            m = re.fullmatch(rf"Avg bus bandwidth\s*:\s*({NUMBER})\s*GB/s", raw)
             if m is None:
                 raise MeasurementError(path, n, "expected 'Avg bus bandwidth: <number>GB/s'")
             footer = (n, float(m.group(1)))
@@ -202,6 +232,7 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
     if len({r.size for r in rows}) < MIN_SIZES:
         raise MeasurementError(path, start, f"needs at least {MIN_SIZES} message sizes for the alpha-beta fit, "
                                f"got {len({r.size for r in rows})}")
+    _physical(path, rows)
     mean = sum(r.busbw for r in rows) / len(rows)
     if abs(mean - footer[1]) > 0.01 + 0.01 * footer[1]:
         raise MeasurementError(path, footer[0], f"Avg bus bandwidth {footer[1]:g} GB/s is not the mean of the "
@@ -209,11 +240,36 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
     return rows
 
 
+def _physical(path: str, rows: list[Row]) -> None:
+    """Refuse a table no link could produce: sizes out of order, a time that falls as the size
+    grows, algbw that falls (time growing faster than the size), or no growth at all."""
+    for prev, row in zip(rows, rows[1:]):
+        if row.size <= prev.size:
+            raise MeasurementError(path, row.line, f"size(B) {row.size} does not grow down the table (line "
+                                   f"{prev.line}: {prev.size}): nccom-test prints each size once, smallest first")
+    slowest = rows[0]
+    for row in rows[1:]:
+        if row.time_s < slowest.time_s * (1 - TIME_DROP) - 2e-6:
+            raise MeasurementError(path, row.line, f"time falls as the size grows ({row.time_s * 1e6:g} us for "
+                                   f"{row.size} B, {slowest.time_s * 1e6:g} us for {slowest.size} B on line "
+                                   f"{slowest.line}): no link moves more bytes in less time")
+        slowest = row if row.time_s > slowest.time_s else slowest
+    best = max(rows, key=lambda r: r.size / r.time_s)
+    rate, top = rows[-1].size / rows[-1].time_s, best.size / best.time_s
+    if rate < top * (1 - ALGBW_DROP):
+        raise MeasurementError(path, rows[-1].line, f"bandwidth falls as the size grows (algbw {rate / GIB:.3g} GiB/s "
+                               f"for {rows[-1].size} B, {top / GIB:.3g} for {best.size} B on line {best.line}): time "
+                               "grows faster than the size")
+    if rows[-1].time_s < rows[0].time_s * MIN_GROWTH:
+        raise MeasurementError(path, rows[-1].line, f"time does not grow with the size ({rows[0].time_s * 1e6:g} us "
+                               f"for {rows[0].size} B, {rows[-1].time_s * 1e6:g} us for {rows[-1].size} B): the "
+                               "table never leaves the latency floor and measures no bandwidth")
+
+
 def _number(path: str, n: int, col: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise MeasurementError(path, n, f"{col} must be a number, got {text!r}") from None
+    if not re.fullmatch(NUMBER, text):
+        raise MeasurementError(path, n, f"{col} must be a finite number >= 0 in ASCII digits, got {text[:40]!r}")
+    value = float(text)
     if not math.isfinite(value) or value < 0:
         raise MeasurementError(path, n, f"{col} must be a finite number >= 0, got {text!r}")
     return value
@@ -221,8 +277,10 @@ def _number(path: str, n: int, col: str, text: str) -> float:
 
 def _row(path: str, n: int, words: list[str], idx: dict, time_col: str, factor: float) -> Row:
     size_t, count_t, dtype = words[idx["size(B)"]], words[idx["count(elems)"]], words[idx["type"]]
-    if not size_t.isdigit() or not count_t.isdigit() or int(size_t) < 1:
-        raise MeasurementError(path, n, f"size(B) and count(elems) must be positive integers, got {size_t} {count_t}")
+    if not re.fullmatch(r"[0-9]{1,16}", size_t) or not re.fullmatch(r"[0-9]{1,16}", count_t) or \
+            not 1 <= int(size_t) <= MAX_SIZE:
+        raise MeasurementError(path, n, f"size(B) and count(elems) must be integers from 1 to {MAX_SIZE} in ASCII "
+                               f"digits, got {size_t[:40]!r} {count_t[:40]!r}")
     if dtype not in DTYPE_BYTES:
         raise MeasurementError(path, n, f"unknown type {dtype!r}; one of {', '.join(DTYPE_BYTES)}")
     size, count = int(size_t), int(count_t)
@@ -245,8 +303,9 @@ def _row(path: str, n: int, words: list[str], idx: dict, time_col: str, factor: 
     return Row(n, size, time_us * 1e-6, algbw, busbw)
 
 
-def read_runs(path: str) -> list[Run]:
-    """Every nccom-test output in a file, or in the regular files of a directory (sorted by name)."""
+def read_runs(path: str, given: dict[str, str] | None = None) -> list[Run]:
+    """Every nccom-test output in a file, or in the regular files of a directory (sorted by name);
+    ``given`` as in ``parse``."""
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
@@ -255,7 +314,7 @@ def read_runs(path: str) -> list[Run]:
     else:
         files = [p]
     # regular files only, within the loaders' size limit (a FIFO or /dev/zero is refused, not read)
-    return [parse(read_text(str(f), "--nccom", kind="nccom-test output"), str(f)) for f in files]
+    return [parse(read_text(str(f), "--nccom", kind="nccom-test output"), str(f), given) for f in files]
 
 
 # -- the alpha-beta fit --------------------------------------------------------------------------
@@ -378,17 +437,65 @@ def run_span(target: Target, run: Run) -> tuple[Span, int]:
     return tuple(span), min(per_node, cpc)
 
 
+def link_classes(target: Target, run: Run) -> list[tuple[str, tuple[str, ...]]]:
+    """(link class, names of the target's link tables) of every class the run's group crosses
+    outside its chips, innermost first: the axes of one kind at one level (the torus's two axes
+    together, as ``collectives.levels`` adds their bandwidths)."""
+    span, _ = run_span(target, run)
+    out: dict[tuple[str, str], list[str]] = {}
+    for a, _ in span:
+        if a.level != "chip":
+            out.setdefault((a.level, a.kind), []).append(a.name)
+    return [(kind, tuple(names)) for (_, kind), names in out.items()]
+
+
+def scaled_links(target: Target, names: tuple[str, ...], factor: float) -> Target:
+    """The target with the named link tables' bandwidth multiplied by ``factor``."""
+    def change(a: Axis) -> Axis:
+        return replace(a, bandwidth=a.bandwidth * factor) if a.name in names else a
+    return replace(target, domain_axes=tuple(change(a) for a in target.domain_axes),
+                   scale_out=change(target.scale_out))
+
+
+def byte_shares(target: Target, run: Run) -> dict[tuple[str, ...], float]:
+    """Per link class the run crosses: its share of the run's modelled seconds per byte.
+
+    The cost model's byte time is a sum over the levels of a hierarchical collective,
+    sum (n-1)/n * S / (inner * B) (``collectives``), each term inversely proportional to its
+    class's bandwidth; doubling a class's bandwidth halves its term, so its share is
+    2 * (beta - beta with that class doubled) / beta.
+    """
+    beta = model_time(target, run)[0]
+    return {names: 2 * (beta - model_time(scaled_links(target, names, 2.0), run)[0]) / beta
+            for _, names in link_classes(target, run)}
+
+
 def measured_link(target: Target, run: Run) -> tuple[str, tuple[str, ...]]:
-    """(link class, names of the target's link tables) that bound the run: its outermost level's slowest kind."""
-    span, per_chip = run_span(target, run)
-    lv = levels(span, per_chip)[-1]
-    if lv.name == "chip":
+    """(link class, names of the target's link tables) that limit the run: the class with the
+    largest share of its modelled byte time (``byte_shares``), not merely its outermost one.
+
+    A hierarchical collective moves only S / (ranks inside a domain) per rank across the
+    scale-out network (collectives.stages: the inter-node stage runs on what the intra-node
+    stage left), so a multi-domain table is mostly a measure of the domain's slowest links;
+    charging all of its time to EFA would read a slow UltraServer ring as an EFA a hundred
+    times slower than its datasheet. ("core", ()) for a group inside one chip.
+    """
+    shares = byte_shares(target, run)
+    if not shares:
         return "core", ()
-    names = tuple(a.name for a, _ in span if a.kind == lv.link_class and a.level == lv.name)
-    return lv.link_class, names
+    names = max(shares, key=lambda k: (shares[k], -list(shares).index(k)))
+    link = next(kind for kind, n in link_classes(target, run) if n == names)
+    return link, names
 
 
 def model_time(target: Target, run: Run) -> tuple[float, float]:
     """(seconds per byte, fixed seconds) the cost model gives the run's group on this target."""
     span, per_chip = run_span(target, run)
     return coefficients(run.op, span, per_chip)
+
+
+def run_times(target: Target, run: Run) -> list[float]:
+    """The cost model's seconds for every row of the run on this target, the algorithm chosen by size
+    (``collectives.collective_time``)."""
+    span, per_chip = run_span(target, run)
+    return [collective_time(run.op, row.size, span, per_chip) for row in run.rows]

@@ -25,27 +25,25 @@ tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tables)
 
 # planted per link class of trn2u: achievable share of the datasheet bandwidth, latency per hop
-PLANTED = {("x", "y"): (0.62, 4e-6), ("ring",): (0.71, 9e-6), ("efa",): (0.55, 40e-6)}
+PLANTED = {("x", "y"): (0.62, 4e-6), ("ring",): (0.71, 9e-6)}
 RUNS = (("all_reduce", 64, 1), ("all_gather", 64, 1), ("all_reduce", 256, 4), ("reduce_scatter", 256, 4),
         ("all_reduce", 512, 8))
 
 
-def _planted_target():
-    t = load_target("trn2u")
-    for names, (a, lat) in PLANTED.items():
+def _planted_target(name="trn2u", planted=PLANTED):
+    t = load_target(name)
+    for names, (a, lat) in planted.items():
         t = with_links(t, names, achievable=a, latency=lat)
     return t
 
 
 def _write_runs(directory: Path) -> Path:
-    """nccom-test tables of the planted machine: alpha and beta from the cost model's formula on it."""
+    """nccom-test tables of the planted machine, timed by the cost model (the algorithm by size)."""
     planted = _planted_target()
     directory.mkdir()
     for op, ranks, nodes in RUNS:
-        shape = N.parse(tables.table(op, ranks, nodes, 1e-4, 1e-10), "shape.txt")
-        beta, alpha = N.model_time(planted, shape)
-        (directory / f"{op}_r{ranks}_N{nodes}.txt").write_text(tables.table(op, ranks, nodes, alpha, beta))
-    (directory / "one-chip.txt").write_text(tables.table("all_reduce", 4, 1, 20e-6, 1e-12))
+        (directory / f"{op}_r{ranks}_N{nodes}.txt").write_text(tables.model_table(planted, op, ranks, nodes))
+    (directory / "one-chip.txt").write_text(tables.model_table(planted, "all_reduce", 4, 1))
     return directory
 
 
@@ -55,24 +53,94 @@ def test_calibrate_recovers_planted_link_rates_and_latencies(tmp_path, capsys):
     assert main(["calibrate", "--target", "trn2u", "--nccom", str(runs), "--out", str(out)]) == 0
     report = capsys.readouterr().out
     assert "one-chip.txt" in report and "not used" in report
+    # two UltraServers: the hierarchical all-reduce sends 1/256 of the buffer per rank over EFA, so EFA
+    # carries too little of the run's byte time to be measured once the ring is: the run is not used
+    assert "all_reduce_r512_N8.txt" in report and "efa carries only 8%" in report
     cal = load_target(str(out))
     by_name = {a.name: a for a in (*cal.domain_axes, cal.scale_out)}
-    errors = {}
     for names, (a, lat) in PLANTED.items():
         for n in names:
             assert by_name[n].achievable == pytest.approx(a, rel=0.02), n
             assert by_name[n].latency == pytest.approx(lat, rel=0.02), n
-            errors[n] = (by_name[n].achievable / a - 1, by_name[n].latency / lat - 1)
+    assert by_name["efa"] == load_target("trn2u").scale_out  # not measured: the file's values
     # datasheet bandwidths are kept; the fraction carries the measurement
     assert by_name["ring"].bandwidth == load_target("trn2u").domain_axes[2].bandwidth
     record = tomllib.loads(out.read_text())["calibration"]
     assert record["constants"]["axes.ring.achievable"] == "measured"
-    assert record["constants"]["scale_out.latency_us"] == "measured"
+    assert record["constants"]["scale_out.latency_us"] == "datasheet"
     assert record["constants"]["efficiency.matmul"] == "source file"
     assert len(record["runs"]) == len(RUNS) + 1
-    assert all(r["rms_rel_error"] < 0.02 for r in record["runs"])
+    used = [r for r in record["runs"] if "achievable" in r]
+    assert len(used) == 4 and all(r["rms_rel_error"] < 0.01 for r in used)
     # the file is a copy of the target's with its comments: the datasheet sources are still there
     assert "Trn2 architecture page" in out.read_text()
+
+
+# Every link class and operation: (target, the class, its run's ranks and nodes, inner runs measured first).
+# EFA is measured on trn2 (single instances joined by EFA), 16 instances, after the torus of one instance:
+# on trn2u EFA carries at most a seventh of a hierarchical collective's byte time at the file's shares.
+CLASSES = (("trn2u", ("x", "y"), 64, 1, ()), ("trn2u", ("ring",), 256, 4, ()),
+           ("trn3-gen2", ("switch",), 32, 2, ()), ("trn2", ("efa",), 1024, 16, ((("x", "y"), 64, 1),)))
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+# one hop's latency against the runtime's ~300 us launch: a p2p or all-to-all table (one hop) resolves it
+# from 0.5% noise only when it is not a tiny part of the floor, so the smallest planted is 12 us
+@pytest.mark.parametrize("latency", [12e-6, 55e-6, 140e-6])
+@pytest.mark.parametrize("name,names,ranks,nodes,inner", CLASSES)
+def test_every_link_class_and_operation_within_2_percent(tmp_path, name, names, ranks, nodes, inner, latency):
+    planted = with_links(load_target(name), names, achievable=0.43, latency=latency)
+    for inner_names, _, _ in inner:
+        planted = with_links(planted, inner_names, achievable=0.62, latency=20e-6)
+    for op in OPS:
+        runs = tmp_path / op
+        runs.mkdir()
+        (runs / "run.txt").write_text(tables.model_table(planted, op, ranks, nodes, header=None))
+        for _, r, n in inner:
+            (runs / f"{tables.NCCOM_OP[op]}_r{r}_N{n}.txt").write_text(tables.model_table(planted, op, r, n))
+        out = tmp_path / f"{op}.toml"
+        # raw nccom-test output: the shape from the flags (the inner run's file name agrees with none: it says it)
+        argv = ["calibrate", "--target", name, "--nccom", str(runs), "--out", str(out)]
+        if not inner:
+            argv += ["--op", tables.NCCOM_OP[op], "--ranks", str(ranks), "--nodes", str(nodes)]
+        else:
+            (runs / "run.txt").write_text(tables.model_table(planted, op, ranks, nodes))
+        assert main(argv) == 0, op
+        cal = load_target(str(out))
+        for a in (*cal.domain_axes, cal.scale_out):
+            if a.name in names:
+                assert a.achievable == pytest.approx(0.43, rel=0.02), (op, a.name)
+                assert a.latency == pytest.approx(latency, rel=0.02), (op, a.name)
+            elif any(a.name in n for n, _, _ in inner):
+                assert (a.achievable, a.latency) == pytest.approx((0.62, 20e-6), rel=0.02), (op, a.name)
+
+
+def test_a_slow_multi_node_table_is_charged_to_the_link_that_limits_it(tmp_path, capsys):
+    """512 ranks over two UltraServers, all-gather at 12 GB/s bus bandwidth: the ring, not EFA, is slow.
+
+    The hierarchical all-gather moves 1/256 of the output per rank over EFA (collectives.stages), so
+    EFA carries 3% of the modelled byte time; charging the run to EFA read it as 0.006 of the datasheet
+    and made a 405B layout's DP traffic a hundred times slower."""
+    from trnopt.optimizer.cost.nccom import bus_factor
+    path = tmp_path / "allg.txt"
+    path.write_text(tables.table("all_gather", 512, 8, 60e-6, bus_factor("all_gather", 512) / 12e9, header=None))
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", "--target", "trn2u", "--nccom", str(path), "--op", "allg", "--ranks", "512",
+                 "--nodes", "8", "--out", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "measures ring" in report and "latency 0" in report  # a 60 us floor is below the runtime's fixed costs
+    cal, base = load_target(str(out)), load_target("trn2u")
+    assert cal.scale_out == base.scale_out
+    ring = next(a for a in cal.domain_axes if a.name == "ring")
+    # the model's bytes per second at the fitted share equal the table's slope: 0.221 x 17.4 / 82.8 ps/B
+    assert ring.achievable == pytest.approx(0.047, rel=0.05)
+    workload = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=1024))
+    # the layout `trnopt solve --target trn2u --model llama3-405b` picks: tp core4 x4 y4, dp efa2, pp ring4
+    placement = ((4, 4, 4, 1, 1), (1, 1, 1, 1, 1), (1, 1, 1, 1, 1), (1, 1, 1, 1, 2), (1, 1, 1, 4, 1))
+    lay = Layout(tp=64, pp=4, dp=2, axes=base.axes(2, 2), placement=placement, zero=3, recompute="full")
+    before = evaluate(workload, lay, base).step.total
+    after = evaluate(workload, replace(lay, axes=cal.axes(2, 2)), cal).step.total
+    assert before < after < 1.5 * before
 
 
 def test_recalibrating_a_calibrated_file_replaces_its_record(tmp_path):
@@ -83,7 +151,7 @@ def test_recalibrating_a_calibrated_file_replaces_its_record(tmp_path):
     text = second.read_text()
     assert text.splitlines().count("[calibration]") == 1
     assert text.split("\n[calibration]")[0].count("\nachievable = ") == 4  # x, y, ring, efa: replaced, not added
-    assert load_target(str(second)).scale_out.achievable == pytest.approx(0.55, rel=0.02)
+    assert load_target(str(second)).domain_axes[2].achievable == pytest.approx(0.71, rel=0.02)
 
 
 def test_calibrate_fits_compute_utilisation_from_a_step_time(tmp_path):
