@@ -218,8 +218,9 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
             continue
         if raw.startswith("Avg bus bandwidth"):
             m = re.fullmatch(rf"Avg bus bandwidth\s*:\s*({NUMBER})\s*GB/s", raw)
-            if m is None:
-                raise MeasurementError(path, n, "expected 'Avg bus bandwidth: <number>GB/s'")
+            if m is None or not math.isfinite(float(m.group(1))):
+                raise MeasurementError(path, n, "expected 'Avg bus bandwidth: <number>GB/s' (a finite number in "
+                                       "ASCII digits)")
             footer = (n, float(m.group(1)))
             break
         words = raw.split()

@@ -137,6 +137,7 @@ def _tab(rows: list[tuple[int, float]], first: str = "# nccom-test -r 64 allr") 
     (lambda: _footer("Avg bus bandwidth:      .GB/s"), 31, "expected 'Avg bus"),
     (lambda: _footer("Avg bus bandwidth: 1.2.3GB/s"), 31, "expected 'Avg bus"),
     (lambda: _footer("Avg bus bandwidth: \u0664\u0660GB/s"), 31, "expected 'Avg bus"),
+    (lambda: _footer("Avg bus bandwidth: 1e999GB/s"), 31, "expected 'Avg bus"),
     (lambda: _tab([(8, 300), (32, 301), (128, 302)]).replace(
         "           8               8", "           \u00b2               8"), 3, "size(B) and count(elems) must be"),
     (lambda: "# nccom-test -r " + "9" * 5000 + " allr\n" + _tab([(8, 300), (32, 310), (128, 330)], ""), 1,
