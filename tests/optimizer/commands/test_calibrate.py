@@ -15,8 +15,9 @@ from trnopt.optimizer.commands.calibrate import with_links
 from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.cost import nccom as N
 from trnopt.optimizer.cost.evaluate import evaluate
+from trnopt.optimizer.cost.overlap import measured
 from trnopt.optimizer.model.layout import Layout, default_placement
-from trnopt.optimizer.model.layoutfile import layout_dict, problem_dict
+from trnopt.optimizer.model.layoutfile import layout_dict, problem_dict, read_layout
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
@@ -208,3 +209,29 @@ def test_calibrate_refuses_a_fifo_instead_of_blocking_on_it(tmp_path, capsys):
     assert main(["calibrate", "--target", "trn2", "--nccom", str(fifo), "--out", str(tmp_path / "t.toml")]) == 2
     err = capsys.readouterr().err
     assert "not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_then_solve_on_the_written_target(tmp_path, capsys):
+    """End to end through the CLI: the calibrated file solves, and its layout's step time is the planted
+    machine's (the fitted shares and latencies are within 2% of the planted ones)."""
+    planted = with_links(with_links(load_target("trn2"), ("x", "y"), achievable=0.35, latency=8e-6),
+                         ("efa",), achievable=0.08, latency=30e-6)
+    runs = tmp_path / "nccom"
+    runs.mkdir()
+    for op, ranks, nodes in (("all_reduce", 64, 1), ("all_gather", 128, 2), ("reduce_scatter", 256, 4)):
+        (runs / f"{op}.txt").write_text(tables.model_table(planted, op, ranks, nodes))
+    out = tmp_path / "my-trn2.toml"
+    assert main(["calibrate", "--target", "trn2", "--nccom", str(runs), "--out", str(out)]) == 0
+    layout = tmp_path / "layout.json"
+    assert main(["solve", "--target", str(out), "--model", "llama3-8b", "--instances", "4", "--global-batch", "64",
+                 "--seq", "4096", "--time-limit", "20", "--json", str(layout)]) == 0
+    capsys.readouterr()
+    data = json.loads(layout.read_text())
+    target, workload, lay = read_layout(str(layout))
+    assert target.name == "trn2" and target.scale_out.achievable == pytest.approx(0.08, rel=0.02)
+    on_planted = evaluate(workload, replace(lay, axes=planted.axes(lay.lnc, lay.domains)), planted,
+                          overlap=measured()).step.total
+    assert data["fits"] and data["step_time_s"] == pytest.approx(on_planted, rel=0.01)
+    file = load_target("trn2")  # the uncalibrated file times the same layout differently: the test can fail
+    on_file = evaluate(workload, replace(lay, axes=file.axes(lay.lnc, lay.domains)), file, overlap=measured()).step.total
+    assert abs(on_file / on_planted - 1) > 0.02
