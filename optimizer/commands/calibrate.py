@@ -1,21 +1,24 @@
 """`trnopt calibrate`: a target's achievable link rates and latencies from nccom-test runs, and its compute
-utilisation from a measured step time, written as a new target file.
+utilisation from a measured step time, written as a new target file (calibfile.py).
 
-Per run (optimizer/cost/nccom.py): the alpha-beta fit of time against message size, and the
-link class the run measures on the target (the slowest links of its group's outermost
-level: the torus inside an instance, the UltraServer ring across its instances, EFA across
-UltraServers). Per link class, innermost first: the achievable share of the datasheet
-bandwidth and the per-hop latency at which the cost model's collective formula
-(optimizer/cost/collectives.py, ``coefficients``) reproduces the fitted slope and intercept,
-averaged over the runs of that class. The compute utilisation: the one factor on the
-target's efficiency shares (matmul, elementwise) at which the cost model's step time of the
-given layout equals the measured one.
+Per run (optimizer/cost/nccom.py parses it; nccom_run.py places it on the target): the link
+class it measures is the one that limits it in the cost model, the largest share of its
+modelled byte time among the classes it crosses that no run on fewer nodes measured. A
+hierarchical collective across UltraServers sends only 1/(ranks per domain) of its data
+per rank over EFA (collectives.stages), so such a table mostly measures the domain's links
+unless those are measured first; EFA is read from what remains. Per class, innermost runs
+first: the achievable share of the datasheet bandwidth and the per-hop latency at which the
+cost model's time (optimizer/cost/collectives.py ``collective_time``, the algorithm chosen by
+size) is closest to every row of the class's runs, least squares of the relative error.
+When a table's small messages are faster than the runtime's own fixed costs allow (latency
+0), the share comes from the slope of its large messages instead. The compute utilisation:
+the one factor on the target's efficiency shares (matmul, elementwise) at which the cost
+model's step time of the given layout equals the measured one.
 
-The new file is the target's file with those values replaced (comments kept) and a
-``[calibration]`` table recording what was measured, when, each run's fit and its error,
-and for every constant whether it is "measured" or still the "datasheet" figure.
+A table no link could produce is refused naming the file, the line and the rule: times that
+fall as the size grows, bandwidth that falls or never grows (nccom.py), a share above
+MAX_ACHIEVABLE or below MIN_ACHIEVABLE of the datasheet.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -23,19 +26,18 @@ import datetime as dt
 import math
 import re
 import tomllib
-from dataclasses import dataclass, replace
-from importlib import resources
+from dataclasses import replace
 from pathlib import Path
 
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.cost.problem import Problem
-from trnopt.optimizer.cost.nccom import (MAX_COUNT, OPS, Fit, MeasurementError, Run, byte_shares, fit_run, linear_from, link_classes,
-                                         model_time, run_span,
-                                         read_runs, run_domains, run_times)
+from trnopt.optimizer.commands.calibfile import RunResult, StepResult, new_target_text, source_text
+from trnopt.optimizer.cost.nccom import MAX_COUNT, OPS, MeasurementError, Run, fit_run, read_runs
+from trnopt.optimizer.cost.nccom_run import (byte_shares, linear_from, link_classes, model_time, run_domains,
+                                             run_span, run_times)
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layoutfile import read_layout
-from trnopt.optimizer.model.inputfile import read_text
-from trnopt.optimizer.model.target import BUILTIN_TARGETS, GB, Target, load_target, parse_target
+from trnopt.optimizer.model.target import GB, Target, load_target, parse_target
 
 MIN_ACHIEVABLE = 1e-4
 """Least achievable share of a datasheet bandwidth a fit may return (below: not the machine named)."""
@@ -47,34 +49,6 @@ MAX_STEPS = 40
 """Gauss-Newton steps of ``fit_links`` (it converges in a few on the model's piecewise-linear time)."""
 MIN_SHARE = 0.2
 """Least share of a run's modelled byte time its class must carry for the run to measure it."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    run: Run
-    fit: Fit
-    link: str
-    """The link class the run measures (torus, ring, switch, scale_out; core: on one chip, not used)."""
-    names: tuple[str, ...]
-    """The target's link tables of that class in the run's group."""
-    achievable: float | None
-    latency_s: float | None
-    note: str
-    fit_from: float = 0.0
-    """Smallest message size (bytes) the alpha-beta fit used: the cost model's linear view starts there."""
-    model_rms_rel_error: float = 0.0
-    """RMS over the run's rows of (cost model at the calibrated values - measured) / measured."""
-    model_max_rel_error: float = 0.0
-    """Largest of those relative errors."""
-
-
-@dataclass(frozen=True)
-class StepResult:
-    layout: str
-    measured_s: float
-    before_s: float
-    after_s: float
-    scale: float
 
 
 # -- links ------------------------------------------------------------------------------------------
@@ -276,135 +250,6 @@ def calibrate_compute(target: Target, layout_path: str, seconds: float) -> tuple
             hi = mid
     k = math.exp((lo + hi) / 2)
     return at(k), StepResult(layout_path, seconds, step(1.0), step(k), k)
-
-
-# -- the new file -----------------------------------------------------------------------------------
-HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\"-]+)\s*\]\]?\s*(#.*)?$")
-
-
-def _blocks(lines: list[str]) -> list[tuple[str, int, int]]:
-    """(table name, first line index, end index) of every table header in the file."""
-    heads = [(m.group(1), i) for i, line in enumerate(lines) if (m := HEADER.match(line))]
-    return [(name, i, heads[k + 1][1] if k + 1 < len(heads) else len(lines)) for k, (name, i) in enumerate(heads)]
-
-
-def _set(lines: list[str], start: int, end: int, key: str, value: str, comment: str, after: str) -> None:
-    """Replace ``key = ...`` in lines[start:end], or insert it after the ``after`` key's line."""
-    pattern = re.compile(rf"^(\s*){re.escape(key)}\s*=")
-    text = f"{key} = {value}"
-    text = f"{text:32s} # {comment}"
-    for i in range(start, end):
-        if pattern.match(lines[i]):
-            lines[i] = pattern.match(lines[i]).group(1) + text
-            return
-    anchor = re.compile(rf"^\s*{re.escape(after)}\s*=")
-    at = next((i for i in range(start, end) if anchor.match(lines[i])), start)
-    lines.insert(at + 1, text)
-
-
-def _value(x: float) -> str:
-    return f"{x:.6g}" if "e" not in f"{x:.6g}" else f"{x:.6e}"
-
-
-def new_target_text(source: str, target: Target, calibrated: Target, results: list[RunResult],
-                    step: StepResult | None, source_name: str, nccom: str, when: str) -> str:
-    lines = source.splitlines()
-    cut = next((i for name, i, _ in _blocks(lines) if name.strip('"').startswith("calibration")), len(lines))
-    lines = lines[:cut]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    measured = {n for r in results for n in r.names}
-    by_name = {a.name: a for a in (*calibrated.domain_axes, calibrated.scale_out)}
-    old = {a.name: a for a in (*target.domain_axes, target.scale_out)}
-    note = f"measured: trnopt calibrate {when[:10]} (nccom-test), see [calibration]"
-    for name in sorted(measured):
-        for table, start, end in reversed(_blocks(lines)):
-            is_axis = table == "axes" and any(re.match(rf'^\s*name\s*=\s*"{re.escape(name)}"', lines[i])
-                                              for i in range(start, end))
-            if is_axis or (table == "scale_out" and name == calibrated.scale_out.name):
-                a = by_name[name]
-                _set(lines, start, end, "latency_us", _value(a.latency * 1e6),
-                     f"{note}; datasheet {old[name].latency * 1e6:g}", after="latency_us")
-                _set(lines, start, end, "achievable", _value(a.achievable),
-                     f"{note}; of the datasheet bandwidth", after="latency_us")
-                break
-    if step is not None:
-        for table, start, end in _blocks(lines):
-            if table == "efficiency":
-                eff = calibrated.efficiency
-                _set(lines, start, end, "matmul", _value(eff.matmul), f"measured step time x {step.scale:.4g} "
-                     f"(was {target.efficiency.matmul:g})", after="matmul")
-                _set(lines, start, end, "elementwise", _value(eff.elementwise), f"measured step time x "
-                     f"{step.scale:.4g} (was {target.efficiency.elementwise:g})", after="matmul")
-                if any(re.match(r"^\s*fitted_on\s*=", lines[i]) for i in range(start, end)):
-                    _set(lines, start, end, "fitted_on", _toml_str(f"step time of {Path(step.layout).name} "
-                                                                   f"(trnopt calibrate {when[:10]})"),
-                         "what the shares were fitted on", after="fitted_on")
-                break
-    lines = [f"# Calibrated by `trnopt calibrate` ({when}) from {source_name}: measured values replace the",
-             "# datasheet ones where the [calibration] table at the end says so.", *lines]
-    lines += ["", *calibration_table(target, calibrated, results, step, source_name, nccom, when)]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def calibration_table(target: Target, calibrated: Target, results: list[RunResult], step: StepResult | None,
-                      source_name: str, nccom: str, when: str) -> list[str]:
-    measured = {n for r in results for n in r.names}
-    out = ["[calibration]",
-           "# What `trnopt calibrate` measured and fitted (a record; the target loader does not read it).",
-           f"written = {_toml_str(when)}",
-           f"from = {_toml_str(source_name)}",
-           f"nccom = {_toml_str(nccom)}",
-           "model = \"per link class (the class that limits each run in the cost model), the achievable share and "
-           "per-hop latency at which optimizer/cost/collectives.py's time, the algorithm chosen by size, is closest "
-           "to every row of its runs (least squares of the relative error; rms_rel_error, max_rel_error: that "
-           "model against the rows); alpha_us and bus_bandwidth_gbs: the alpha-beta line t = alpha + beta * size "
-           "(weights 1/t^2) on the sizes from fit_from_bytes (the Neuron runtime's ring algorithms)\"",
-           "",
-           "[calibration.constants]"]
-    for a in (*calibrated.domain_axes, calibrated.scale_out):
-        key = "scale_out" if a is calibrated.scale_out else f"axes.{a.name}"
-        status = "measured" if a.name in measured else "datasheet"
-        out += [f'"{key}.achievable" = "{status}"', f'"{key}.latency_us" = "{status}"']
-    eff = "measured" if step else "source file"
-    out += [f'"efficiency.matmul" = "{eff}"', f'"efficiency.elementwise" = "{eff}"']
-    for r in results:
-        out += ["", "[[calibration.runs]]",
-                f"file = {_toml_str(r.run.path)}",
-                f"op = {_toml_str(r.run.op)}",
-                f"ranks = {r.run.ranks}",
-                f"nodes = {r.run.nodes}",
-                f"link = {_toml_str('+'.join(r.names) + f' ({r.link})' if r.names else r.link)}",
-                f"points = {r.fit.points}",
-                f"fit_from_bytes = {int(r.fit_from)}",
-                f"alpha_us = {_value(r.fit.alpha_s * 1e6)}",
-                f"bus_bandwidth_gbs = {_value(r.fit.bus_bandwidth(r.run.op, r.run.ranks) / GB)}",
-                f"alpha_beta_rms_rel_error = {_value(r.fit.rms_rel_error)}"]
-        if r.achievable is not None:
-            out += [f"achievable = {_value(r.achievable)}", f"latency_us = {_value(r.latency_s * 1e6)}",
-                    f"rms_rel_error = {_value(r.model_rms_rel_error)}", f"max_rel_error = {_value(r.model_max_rel_error)}"]
-        if r.note:
-            out.append(f"note = {_toml_str(r.note)}")
-    if step is not None:
-        out += ["", "[calibration.step_time]",
-                f"layout = {_toml_str(step.layout)}",
-                f"measured_s = {_value(step.measured_s)}",
-                f"modelled_before_s = {_value(step.before_s)}",
-                f"modelled_after_s = {_value(step.after_s)}",
-                f"efficiency_scale = {_value(step.scale)}"]
-    return out
-
-
-def source_text(name_or_path: str) -> tuple[str, str]:
-    """(text, name) of the target's file, built-in or the user's."""
-    if name_or_path in BUILTIN_TARGETS:
-        path = f"machines/{name_or_path}.toml"
-        return resources.files("trnopt.targets").joinpath(path).read_text("utf-8"), f"targets/{path}"
-    return read_text(name_or_path, "--target", kind="target file"), name_or_path
 
 
 # -- command ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from trnopt.optimizer.commands.calibrate import with_links
 from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.cost import nccom as N
+from trnopt.optimizer.cost.nccom_run import model_time
 from trnopt.optimizer.cost.evaluate import evaluate
 from trnopt.optimizer.cost.overlap import measured
 from trnopt.optimizer.model.layout import Layout, default_placement
@@ -169,7 +170,7 @@ def test_calibrate_fits_compute_utilisation_from_a_step_time(tmp_path):
     runs = tmp_path / "nccom"
     runs.mkdir()
     shape = N.parse(tables.table("all_reduce", 64, 1, 1e-4, 1e-10), "s.txt")
-    beta, alpha = N.model_time(target, shape)  # links exactly at the datasheet
+    beta, alpha = model_time(target, shape)  # links exactly at the datasheet
     (runs / "allr_r64_N1.txt").write_text(tables.table("all_reduce", 64, 1, alpha, beta * 1.05))
     out = tmp_path / "cal.toml"
     assert main(["calibrate", "--target", "trn2", "--nccom", str(runs), "--step-time", str(layout),

@@ -50,7 +50,8 @@ def model_table(target, op: str, ranks: int, nodes: int, noise: float = 0.005, l
     as nccom-test prints it (whole microseconds; algbw = size / time in GiB/s; busbw = algbw x the
     operation's bus factor; the footer their mean). ``header``: a first line ("" for the nccom-test
     command as a comment, None for no line: nccom-test itself prints none)."""
-    from trnopt.optimizer.cost.nccom import Row, Run, run_times
+    from trnopt.optimizer.cost.nccom import Row, Run
+    from trnopt.optimizer.cost.nccom_run import run_times
 
     elem = {"uint8": 1, "bf16": 2, "fp32": 4}[dtype]
     shape = Run("model", op, ranks, nodes, None, None, 1,

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from trnopt.optimizer.cost import nccom as N
+from trnopt.optimizer.cost import nccom_run as R
 from trnopt.optimizer.model.target import load_target
 
 from nccom_tables import table
@@ -97,22 +98,22 @@ def test_malformed_tables_name_the_file_and_the_line():
 ])
 def test_the_link_class_that_limits_the_run(name, ranks, nodes, link, names):
     run = N.parse(table("all_reduce", ranks, nodes, 300e-6, 1e-11), "x.txt")
-    assert N.measured_link(load_target(name), run) == (link, names)
+    assert R.measured_link(load_target(name), run) == (link, names)
 
 
 def test_byte_shares_add_up_and_efa_limits_a_slow_efa():
     target = load_target("trn2")
     run = N.parse(table("all_reduce", 1024, 16, 300e-6, 1e-11), "x.txt")
-    shares = N.byte_shares(target, run)
+    shares = R.byte_shares(target, run)
     assert set(shares) == {("x", "y"), ("efa",)} and 0.95 < sum(shares.values()) < 1.0  # the rest is on-chip
-    slow = N.scaled_links(target, ("efa",), 0.5)
-    assert N.measured_link(slow, run) == ("scale_out", ("efa",))
+    slow = R.scaled_links(target, ("efa",), 0.5)
+    assert R.measured_link(slow, run) == ("scale_out", ("efa",))
 
 
 def test_a_run_that_does_not_fit_the_target_is_bad_input():
     run = N.parse(table("all_reduce", 96, 1, 300e-6, 1e-11), "odd.txt")  # 24 chips on a 16-chip instance
     with pytest.raises(N.MeasurementError, match=r"^odd.txt:1: 96 ranks per node"):
-        N.measured_link(load_target("trn2"), run)
+        R.measured_link(load_target("trn2"), run)
 
 
 def _footer(text: str) -> str:
