@@ -33,6 +33,8 @@ class RunResult:
     """RMS over the run's rows of (cost model at the calibrated values - measured) / measured."""
     model_max_rel_error: float = 0.0
     """Largest of those relative errors."""
+    latency_measured: bool = True
+    """Whether the runs measured the class's hop latency (False: faster than the runtime's fixed costs allow)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def new_target_text(source: str, target: Target, calibrated: Target, results: li
     while lines and not lines[-1].strip():
         lines.pop()
     measured = {n for r in results for n in r.names}
+    timed = {n for r in results if r.latency_measured for n in r.names}
     by_name = {a.name: a for a in (*calibrated.domain_axes, calibrated.scale_out)}
     old = {a.name: a for a in (*target.domain_axes, target.scale_out)}
     note = f"measured: trnopt calibrate {when[:10]} (nccom-test), see [calibration]"
@@ -88,8 +91,9 @@ def new_target_text(source: str, target: Target, calibrated: Target, results: li
                                               for i in range(start, end))
             if is_axis or (table == "scale_out" and name == calibrated.scale_out.name):
                 a = by_name[name]
-                _set(lines, start, end, "latency_us", _value(a.latency * 1e6),
-                     f"{note}; datasheet {old[name].latency * 1e6:g}", after="latency_us")
+                if name in timed:
+                    _set(lines, start, end, "latency_us", _value(a.latency * 1e6),
+                         f"{note}; datasheet {old[name].latency * 1e6:g}", after="latency_us")
                 _set(lines, start, end, "achievable", _value(a.achievable),
                      f"{note}; of the datasheet bandwidth", after="latency_us")
                 break
@@ -133,8 +137,9 @@ def calibration_table(target: Target, calibrated: Target, results: list[RunResul
            "[calibration.constants]"]
     for a in (*calibrated.domain_axes, calibrated.scale_out):
         key = "scale_out" if a is calibrated.scale_out else f"axes.{a.name}"
-        status = "measured" if a.name in measured else "datasheet"
-        out += [f'"{key}.achievable" = "{status}"', f'"{key}.latency_us" = "{status}"']
+        timed = any(a.name in r.names and r.latency_measured for r in results)
+        out += [f'"{key}.achievable" = "{"measured" if a.name in measured else "datasheet"}"',
+                f'"{key}.latency_us" = "{"measured" if timed else "datasheet"}"']
     eff = "measured" if step else "source file"
     out += [f'"efficiency.matmul" = "{eff}"', f'"efficiency.elementwise" = "{eff}"']
     for r in results:

@@ -148,9 +148,10 @@ def slope_share(target: Target, run: Run, names: tuple[str, ...]) -> float:
     return math.sqrt(lo * hi)
 
 
-def solve_class(target: Target, runs: list[Run], names: tuple[str, ...]) -> tuple[float, float, str]:
-    """(achievable, latency s, note) of the named class from its runs; a table no link of that class
-    could produce (far above the datasheet, or below MIN_ACHIEVABLE of it) is refused naming the run."""
+def solve_class(target: Target, runs: list[Run], names: tuple[str, ...]) -> tuple[float, float | None, str]:
+    """(achievable, latency s or None when the runs cannot measure it, note) of the named class from its
+    runs; a table no link of that class could produce (far above the datasheet, or below
+    MIN_ACHIEVABLE of it) is refused naming the run."""
     notes = []
     for run in runs:  # each run alone first: an impossible one is named
         achievable, _, pinned = fit_links(target, [run], names)
@@ -169,8 +170,13 @@ def solve_class(target: Target, runs: list[Run], names: tuple[str, ...]) -> tupl
         achievable, latency, pinned = fit_links(with_links(target, names, achievable=1.0), runs, names)
         achievable = 1.0
         notes.append("bandwidth at the datasheet figure (within noise): kept 1.0")
-    if pinned:
-        notes.append("fixed time at or below the runtime's fixed costs: latency 0")
+    if pinned:  # no latency >= 0 reproduces the small messages: the latency is not measured
+        run = min(runs, key=lambda r: r.rows[0].time_s)
+        floor = run_times(with_links(target, names, latency=0.0), run)[0]
+        notes.append(f"{Path(run.path).name}: {run.rows[0].time_s * 1e6:.0f} us at {run.rows[0].size} B, below the "
+                     f"cost model's {floor * 1e6:.0f} us at zero hop latency (the runtime's fixed costs): latency "
+                     f"not measured, kept {_class_params(target, names)[1] * 1e6:g} us")
+        return achievable, None, "; ".join(notes)
     return achievable, latency, "; ".join(notes)
 
 
@@ -204,15 +210,16 @@ def calibrate_links(target: Target, runs: list[Run]) -> tuple[Target, list[RunRe
                 continue
             classes.setdefault(names, []).append(run)
         for names, members in classes.items():
-            achievable, latency, note = solve_class(current, members, names)
-            current = with_links(current, names, achievable=achievable, latency=latency)
+            achievable, fitted, note = solve_class(current, members, names)
+            current = with_links(current, names, achievable=achievable, latency=fitted)
+            latency = _class_params(current, names)[1]
             measured.add(names)
             for run in members:
                 link = next(k for k, n in link_classes(current, run) if n == names)
                 errors = [abs(e) for e in _residuals(current, [run], names, 1 / achievable, latency)]
                 results[id(run)] = RunResult(run, fits[id(run)], link, names, achievable, latency, note,
                                              start[id(run)], math.sqrt(sum(e * e for e in errors) / len(errors)),
-                                             max(errors))
+                                             max(errors), fitted is not None)
     return current, [results[id(run)] for run in runs]
 
 
