@@ -31,8 +31,8 @@ def test_llama3_405b_on_three_targets_fewest_domains(tmp_path, capsys):
     assert [r["target"] for r in rows] == TARGETS
     assert all(r["domains_chosen"] == "fewest" for r in rows)
     solved = [r for r in rows if r["status"] == "solved"]
-    assert code == (0 if solved else 3)
-    assert all(r["status"] in ("solved", "infeasible", "error") for r in rows)
+    assert code == (4 if any(r["status"] == "time_limit" for r in rows) else 0 if solved else 3)
+    assert all(r["status"] in ("solved", "infeasible", "time_limit", "error") for r in rows)
     workload = Workload(load_model("llama3-405b"), Training(seq=4096, global_batch=256))
     for r in solved:
         target = load_target(r["target"])
@@ -66,10 +66,13 @@ def test_deepseek_v3_one_domain_each_reports_infeasible_rows(capsys):
     assert list(rows) == TARGETS and all(r["domains"] == 1 for r in rows.values())
     assert all(r["domains_chosen"] == "given" for r in rows.values())
     # 671B parameters do not fit on one Trn2 UltraServer: the row says why instead of failing the command
-    assert rows["trn2u"]["status"] == "infeasible"
-    assert "no layout fits" in rows["trn2u"]["reason"] and "GiB" in rows["trn2u"]["reason"]
+    # (on a loaded machine the proof may not finish within the 4 s: then the row says so and the exit is 4)
+    assert rows["trn2u"]["status"] in ("infeasible", "time_limit")
+    if rows["trn2u"]["status"] == "infeasible":
+        assert "no layout fits" in rows["trn2u"]["reason"] and "GiB" in rows["trn2u"]["reason"]
     solved = [r for r in rows.values() if r["status"] == "solved"]
-    assert code == (0 if solved else 3)
+    timed_out = any(r["status"] == "time_limit" for r in rows.values())
+    assert code == (4 if timed_out else 0 if solved else 3)
     for r in solved:
         assert r["memory_headroom_gib"] >= 0 and 256 % r["layout"]["ep"] == 0
 
