@@ -32,7 +32,7 @@ from pathlib import Path
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.commands.calibfile import RunResult, StepResult, new_target_text, source_text
-from trnopt.optimizer.cost.nccom import MAX_COUNT, OPS, MeasurementError, Run, fit_run, read_runs
+from trnopt.optimizer.cost.nccom import MAX_COUNT, NUMBER, OPS, MeasurementError, Run, fit_run, read_runs
 from trnopt.optimizer.cost.nccom_run import (byte_shares, linear_from, link_classes, model_time, run_domains,
                                              run_span, run_times)
 from trnopt.optimizer.errors import InputError
@@ -307,12 +307,10 @@ def run(args: argparse.Namespace) -> int:
     step = None
     if args.step_time:
         layout_path, seconds_text = args.step_time
-        try:
-            seconds = float(seconds_text)
-        except ValueError:
-            seconds = float("nan")
+        seconds = float(seconds_text) if re.fullmatch(NUMBER, seconds_text.strip()) else float("nan")
         if not math.isfinite(seconds) or seconds <= 0:
-            raise InputError("--step-time", "seconds", f"must be a positive number of seconds, got {seconds_text!r}")
+            raise InputError("--step-time", "seconds", f"must be a positive number of seconds in ASCII digits, got "
+                             f"{seconds_text[:40]!r}")
         calibrated, step = calibrate_compute(calibrated, layout_path, seconds)
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     new = new_target_text(text, target, calibrated, results, step, source_name, args.nccom, when)

@@ -240,3 +240,23 @@ def test_calibrate_then_solve_on_the_written_target(tmp_path, capsys):
     file = load_target("trn2")  # the uncalibrated file times the same layout differently: the test can fail
     on_file = evaluate(workload, replace(lay, axes=file.axes(lay.lnc, lay.domains)), file, overlap=measured()).step.total
     assert abs(on_file / on_planted - 1) > 0.02
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--step-time", "layout.json", "\u0666\u0660\u0660"], "--step-time"),   # Arabic-Indic 600
+    (["--step-time", "layout.json", "9" * 5000], "--step-time"),
+    (["--op", "allreduce"], "--op"), (["--ranks", "\u0666\u0664"], "--ranks"), (["--nodes", "9" * 5000], "--nodes"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, flag):
+    runs = tmp_path / "allr_r64_N1.txt"
+    runs.write_text(tables.table("all_reduce", 64, 1, 300e-6, 2e-11))
+    assert main(["calibrate", "--target", "trn2", "--nccom", str(runs), *argv, "--out", str(tmp_path / "x.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trnopt: error: {flag}:") and err.count("\n") == 1
+
+
+def test_help_documents_the_shape_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f in text for f in ("--op", "--ranks", "--nodes", "nccom-test does not print its command"))
