@@ -354,8 +354,13 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> Fit:
 
 
 def fit_run(run: Run, min_size: float = 0.0) -> Fit:
-    """The fit on the run's rows of at least ``min_size`` bytes (all rows when fewer than MIN_SIZES are)."""
+    """The fit on the run's rows of at least ``min_size`` bytes (all rows when fewer than MIN_SIZES are);
+    MeasurementError when its slope is not positive (a time that does not grow with the size)."""
     rows = [r for r in run.rows if r.size >= min_size]
     if len({r.size for r in rows}) < MIN_SIZES:
         rows = list(run.rows)
-    return fit_alpha_beta([r.size for r in rows], [r.time_s for r in rows])
+    fit = fit_alpha_beta([r.size for r in rows], [r.time_s for r in rows])
+    if fit.beta_s_per_byte <= 0:
+        raise MeasurementError(run.path, rows[-1].line, f"the time of the messages from {rows[0].size} B up does not "
+                               "grow with their size: no link has an unbounded bandwidth")
+    return fit

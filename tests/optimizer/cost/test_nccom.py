@@ -167,3 +167,11 @@ def test_the_run_shape_from_flags_for_raw_nccom_test_output():
         N.parse(with_cmd, "out.txt", {"ranks": "128"})
     with pytest.raises(N.MeasurementError, match=r"^out.txt:1: the file gives op 'allg', --op 'allr'"):
         N.parse(with_cmd, "out.txt", {"op": "allr"})
+
+
+def test_large_messages_whose_time_does_not_grow_are_refused():
+    # grows at small sizes (passes the table's rules) but is flat from 16 MiB up: an unbounded bandwidth
+    text = _tab([(8, 300), (2**20, 400), (2**24, 5000), (2**26, 5050), (2**28, 4990), (2**30, 4950)])
+    run = N.parse(text, "flat.txt")
+    with pytest.raises(N.MeasurementError, match=r"^flat.txt:8: the time of the messages from 16777216 B up"):
+        N.fit_run(run, 2**24)
