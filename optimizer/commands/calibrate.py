@@ -85,7 +85,7 @@ def fit_links(target: Target, runs: list[Run], names: tuple[str, ...]) -> tuple[
     each algorithm's size range (byte time proportional to u, hops times L), so Gauss-Newton
     with finite-difference derivatives converges in a few steps; each step is halved until the
     squared error falls (a kink where another class becomes the slowest, or the latency bound,
-    can make a full step overshoot). u stays within [1 / SEARCH_ACHIEVABLE, 1 / MIN_ACHIEVABLE]
+    can make a full step overshoot). u stays within [1 / SEARCH_ACHIEVABLE, 10 / MIN_ACHIEVABLE]
     (the caller refuses the ends) and L >= 0: when the table's fixed time is below what the
     runtime's own fixed costs give at L = 0, L is 0 and u is fitted alone.
     """
@@ -95,7 +95,7 @@ def fit_links(target: Target, runs: list[Run], names: tuple[str, ...]) -> tuple[
     spans = [run_span(target, run)[0] for run in runs]
     level = next(a.level for span in spans for a, _ in span if a.name in names)
     lat0 = max([lat0] + [a.latency for span in spans for a, _ in span if a.level == level])
-    lo, hi = 1 / SEARCH_ACHIEVABLE, 1 / MIN_ACHIEVABLE
+    lo, hi = 1 / SEARCH_ACHIEVABLE, 10 / MIN_ACHIEVABLE  # past both refusal bounds, so that they can bite
     res = lambda u, lat: _residuals(target, runs, names, u, lat)  # noqa: E731
     sse = lambda r: sum(e * e for e in r)  # noqa: E731
     x, pinned = (min(hi, max(lo, 1 / a0)), lat0), False
@@ -136,9 +136,9 @@ def slope_share(target: Target, run: Run, names: tuple[str, ...]) -> float:
     the alpha-beta line through the run's large messages (``nccom.fit_run`` from
     ``nccom.linear_from``): a measure of the bandwidth that does not depend on the fixed costs,
     for tables whose fixed time the runtime's fixed costs do not describe. Bisection on the
-    share (the seconds per byte fall as it grows), within [MIN_ACHIEVABLE, SEARCH_ACHIEVABLE]."""
+    share (the seconds per byte fall as it grows), within [MIN_ACHIEVABLE / 10, SEARCH_ACHIEVABLE]."""
     beta = fit_run(run, linear_from(target, run)).beta_s_per_byte
-    lo, hi = MIN_ACHIEVABLE, SEARCH_ACHIEVABLE
+    lo, hi = MIN_ACHIEVABLE / 10, SEARCH_ACHIEVABLE
     for _ in range(80):
         mid = math.sqrt(lo * hi)
         if model_time(with_links(target, names, achievable=mid), run)[0] > beta:

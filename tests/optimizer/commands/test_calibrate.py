@@ -260,3 +260,18 @@ def test_help_documents_the_shape_flags(capsys):
         main(["calibrate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(f in text for f in ("--op", "--ranks", "--nodes", "nccom-test does not print its command"))
+
+
+# (all-to-all for the slow one: at 2e-5 of the datasheet an all-reduce's Mesh, whose bytes cross the
+# torus's mean routed distance, is slower than RDH just above it, and the table is refused for that first)
+@pytest.mark.parametrize("op, share, rule", [
+    ("all_reduce", 1.5, "faster than the datasheet figure of x+y on trn2u allows (1.5 of it)"),
+    ("all_to_all", 2e-5, "slower than 0.01% of the datasheet figure of x+y on trn2u")])
+def test_a_table_no_link_of_its_class_could_produce_is_refused(tmp_path, capsys, op, share, rule):
+    planted = with_links(load_target("trn2u"), ("x", "y"), achievable=share)
+    path = tmp_path / f"{tables.NCCOM_OP[op]}_r64_N1.txt"
+    path.write_text(tables.model_table(planted, op, 64, 1))
+    assert main(["calibrate", "--target", "trn2u", "--nccom", str(path), "--out", str(tmp_path / "x.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trnopt: error: {path}:1: measured bandwidth is {rule}") and err.count("\n") == 1
+    assert not (tmp_path / "x.toml").exists()
