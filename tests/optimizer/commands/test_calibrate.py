@@ -275,3 +275,30 @@ def test_a_table_no_link_of_its_class_could_produce_is_refused(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.startswith(f"trnopt: error: {path}:1: measured bandwidth is {rule}") and err.count("\n") == 1
     assert not (tmp_path / "x.toml").exists()
+
+
+def _published(points, ranks: int, command: str, dtype: str, elem: int) -> str:
+    """A published nccom-test example (collectives.NCCOM_*: the guide's sizes and times) as the tool prints it."""
+    lines = [command, "       size(B)    count(elems)    type    time(us)    algbw(GB/s)    busbw(GB/s)"]
+    busbws = []
+    for size, t_us, *_ in (p for p in points if p[0] >= elem):
+        algbw = size / (t_us * 1e-6) / 2**30
+        busbws.append(round(algbw * N.bus_factor("all_reduce", ranks), 2))
+        lines.append(f"{size:>14} {size // elem:>15} {dtype:>7} {t_us:>11} {algbw:>14.2f} {busbws[-1]:>14.2f}")
+    return "\n".join(lines + [f"Avg bus bandwidth:      {sum(busbws) / len(busbws):.4f}GB/s"]) + "\n"
+
+
+def test_the_published_nccom_test_examples_are_accepted(tmp_path, capsys):
+    """The rules that refuse impossible tables let real ones through: the guide's 16-rank run (its 1,315 us
+    at 128 KiB falls to 1,311 us at 256 KiB in the two-instance one), fitted to a share near fit_runtime's."""
+    from trnopt.optimizer.cost import collectives as cc
+    runs = tmp_path / "published"
+    runs.mkdir()
+    (runs / "trn2.txt").write_text(_published(cc.NCCOM_16_RANKS, 16, "# nccom-test -r 16 -d uint8 allr", "uint8", 1))
+    out = tmp_path / "trn2.toml"
+    assert main(["calibrate", "--target", "trn2", "--nccom", str(runs), "--out", str(out)]) == 0
+    assert load_target(str(out)).domain_axes[0].achievable == pytest.approx(0.221, rel=0.05)
+    trn1 = tmp_path / "trn1.txt"
+    trn1.write_text(_published(cc.NCCOM_64_RANKS_2_NODES, 64, "# nccom-test -r 64 -N 2 -d fp32 allr", "fp32", 4))
+    assert main(["calibrate", "--target", "trn1", "--nccom", str(trn1), "--out", str(tmp_path / "trn1.toml")]) == 0
+    assert "measures efa" in capsys.readouterr().out
