@@ -16,13 +16,18 @@ Trn3 Gen2 UltraServer 144), so
   headroom (``search.fewest_domains``), and the row says so.
 
 A target on which no layout fits, or on which the search finds none within the time limit,
-gets a row that says why (the explanation of ``InfeasibleError``) instead of stopping the
-command; the command exits 0 when at least one target has a layout and 3 when none has.
+gets a row that says why instead of stopping the command, and the other targets keep their
+layouts. Exit codes (``EXIT_CODES``, also in ``trnopt compare --help``): 0 when every target
+is answered (a layout, or a proof that none fits) and at least one has a layout; 3 when no
+target has a layout and every one is proven infeasible; 4 when the time limit left at least
+one target without a layout and without a proof (its row says so; the table and --json are
+still written, with the other targets' layouts).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass, replace
 
@@ -30,7 +35,7 @@ from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.args import (add_output_args, add_search_args, add_workload_args, check_output_args,
                                             check_search_args, workload_from_args)
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.errors import InfeasibleError, InputError, one_line
+from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError, one_line
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
@@ -65,7 +70,7 @@ class Row:
     domains: int | None
     domains_chosen: str            # "given" (--ultraservers) or "fewest" (search.fewest_domains)
     result: SearchResult | None = None
-    status: str = "solved"         # solved, infeasible, error
+    status: str = "solved"         # solved, infeasible, time_limit (no layout, no proof), error
     reason: str = ""
 
     @property
@@ -108,7 +113,12 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
             rows.append(row)
             continue
         if domains is None:
-            found = fewest_domains(problem, workers=workers, seed=seed)
+            try:
+                found = fewest_domains(problem, workers=workers, seed=seed)
+            except TimeLimitError as exc:  # only without a deadline's budget; say so and keep the other rows
+                row.status, row.reason = "time_limit", str(exc)
+                rows.append(row)
+                continue
             if found is None:
                 need = least_memory(replace(problem, domains=tiled), workers, seed)
                 row.status, row.reason = "infeasible", fits_on_no_count(workload, target, headroom, MAX_DOMAINS,
@@ -121,6 +131,8 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
             row.result = solve(problem, time_limit, workers, seed, top)
         except InfeasibleError as exc:
             row.status, row.reason = "infeasible", str(exc)
+        except TimeLimitError as exc:  # no layout and no proof within the limit: this row only
+            row.status, row.reason = "time_limit", str(exc)
         except SolverMismatch as exc:  # a cost-model / CP-SAT disagreement is a bug: say so, keep the other rows
             row.status, row.reason = "error", f"internal error (please report): {exc}"
         rows.append(row)
@@ -167,7 +179,7 @@ def compare_text(rows: list[Row], workload: Workload, settings: dict) -> str:
         e = r.evaluation
         mark = "" if r.domains_chosen == "given" or r.domains is None else "*"
         if e is None:
-            table.append((r.target_ref, f"{r.domains or '-'}{mark}", "-", r.status.upper(),
+            table.append((r.target_ref, f"{r.domains or '-'}{mark}", "-", r.status.upper().replace("_", " "),
                           *["-"] * (len(cols) - 4)))
             continue
         m, rel = metrics(e), relative(e, base.evaluation)
@@ -186,7 +198,7 @@ def compare_text(rows: list[Row], workload: Workload, settings: dict) -> str:
     lines += ["", "layouts:"]
     for r in rows:
         if r.evaluation is None:
-            lines.append(f"  {r.target_ref}: {r.status}: {r.reason}")
+            lines.append(f"  {r.target_ref}: {r.status.replace('_', ' ')}: {r.reason}")
             continue
         e, res = r.evaluation, r.result
         status = "OPTIMAL" if res.status == "OPTIMAL" else f"FEASIBLE, gap {100 * res.gap:.2f}% (time limit)"
@@ -203,18 +215,31 @@ def compare_text(rows: list[Row], workload: Workload, settings: dict) -> str:
 
 
 # -- command ----------------------------------------------------------------------------------
+EXIT_CODES = ("exit codes: 0 every target answered (a layout, or proven that none fits) and at least one "
+              "has a layout; 2 bad input; 3 no target has a layout, every one proven infeasible; 4 the time "
+              "limit left some target without a layout or a proof (its row says so; the other rows and "
+              "--json are still written)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("compare", help="best layout of one model on several targets, side by side",
                        description="Solve one model on several targets with the same search settings and "
-                                   "compare step time, throughput, memory and reliability.")
+                                   "compare step time, throughput, memory and reliability.", epilog=EXIT_CODES)
     p.add_argument("--targets", default=defaults.COMPARE_TARGETS,
                    help=f"comma-separated built-in names or .toml files (default {defaults.COMPARE_TARGETS})")
-    p.add_argument("--ultraservers", type=int,
+    p.add_argument("--ultraservers", type=_ascii_int,
                    help="domains of every target (default: the fewest that fit, per target)")
     add_workload_args(p)
     add_search_args(p, time_help="seconds of search per target")
     add_output_args(p)
     p.set_defaults(run=run)
+
+
+def _ascii_int(text: str) -> int:
+    """An integer in ASCII digits (int() also reads other scripts' digits, e.g. Arabic-Indic)."""
+    if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", text):
+        raise argparse.ArgumentTypeError(f"expected an integer in ASCII digits, got {text[:40]!r}")
+    return int(text)
 
 
 def parse_targets(text: str) -> list[tuple[str, Target]]:
@@ -245,6 +270,12 @@ def run(args: argparse.Namespace) -> int:
         print(compare_text(rows, workload, settings))
         if args.json:
             write_output(args.json, compare_dict(rows, workload, settings), args.force)
+    unanswered = [r for r in rows if r.status == "time_limit"]
+    if unanswered:  # one line, as every exit 4; the table above keeps the answered targets
+        print(one_line(f"trnopt: time limit: no layout and no proof within {args.time_limit:g} s for "
+                       f"{', '.join(r.target_ref for r in unanswered)}; raise --time-limit (the other targets "
+                       "are in the table)"), file=sys.stderr)
+        return 4
     if baseline(rows) is None:  # one line, as every exit 3
         reasons = "; ".join(f"{r.target_ref}: {r.reason}" for r in rows)
         print(one_line(f"trnopt: infeasible: {workload.model.name} fits on none of the targets ({reasons})"),

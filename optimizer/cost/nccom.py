@@ -20,10 +20,7 @@ three ways (first match wins):
    ``VAR=value`` assignments allowed; ``-r/--nworkers``, ``-N/--nnodes``, the operation);
 3. the file name: ``<op>_r<ranks>_N<nodes>.txt``, e.g. ``allr_r64_N2.txt``.
 
-Nodes are taken in order, whole UltraServers first: nccom-test's -N nodes fill one
-domain's instances before the next domain's. Workers are divided equally across nodes and
-take each node's logical cores 0, 1, ... (so 16 ranks at LNC=2 are chips 0-3 of a Trn2
-instance: its torus x axis).
+What a run measures on a target: optimizer/cost/nccom_run.py.
 """
 
 from __future__ import annotations
@@ -31,14 +28,12 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from trnopt.optimizer.cost import collectives
-from trnopt.optimizer.cost.collectives import Span, coefficients, levels
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.inputfile import read_text
-from trnopt.optimizer.model.target import GIB, Axis, Target
+from trnopt.optimizer.model.target import GIB
 
 OPS = {"all_reduce": "all_reduce", "allr": "all_reduce", "all_gather": "all_gather", "allg": "all_gather",
        "reduce_scatter": "reduce_scatter", "redsct": "reduce_scatter", "alltoall": "all_to_all",
@@ -46,6 +41,24 @@ OPS = {"all_reduce": "all_reduce", "allr": "all_reduce", "all_gather": "all_gath
 DTYPE_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "fp16": 2, "bf16": 2, "uint32": 4, "int32": 4,
                "fp32": 4, "fp8": 1, "fp8e4": 1, "fp8e5": 1}
 MIN_SIZES = 3
+MAX_COUNT = 2**20
+"""Largest rank, node or domain count a file or flag may state (far above any Neuron cluster)."""
+MAX_SIZE = 2**50
+"""Largest message size (bytes) a row may state (1 PiB; nccom-test's -e tops out far below)."""
+NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?"
+"""A decimal number in ASCII digits (Python's float() also takes other scripts' digits and '_')."""
+TIME_DROP = 0.03
+"""How far (relative) a row's time may fall below a smaller size's before the table is refused:
+the guide's two-instance example has 1,315 us at 128 KiB and 1,311 us at 256 KiB."""
+ALGBW_DROP = 0.75
+"""How far (relative) the largest size's algbw may fall below the best of the table before it is
+refused: the runtime's switch from RDH to a ring adds a fixed ring setup that halves algbw
+just above the switch in the cost model (collectives.Runtime.ring_setup), after which it
+climbs again; a table whose bandwidth ends below a quarter of its best is falling.
+"""
+MIN_GROWTH = 1.05
+"""The largest message must take at least this many times the smallest's: else the table never
+leaves the latency floor and measures no bandwidth."""
 
 
 class MeasurementError(InputError):
@@ -128,20 +141,32 @@ def _shape_from_header(lines: list[str]) -> tuple[dict, int]:
 
 
 def _int_value(path: str, line: int, key: str, value: str) -> int:
-    if not re.fullmatch(r"\d+", str(value)) or int(value) < 1:
-        raise MeasurementError(path, line, f"{key} must be a positive integer, got {value!r}")
+    """A positive integer in ASCII digits, at most MAX_COUNT (a 5,000-digit count is refused, not parsed)."""
+    if not re.fullmatch(r"[0-9]{1,9}", str(value)) or not 1 <= int(value) <= MAX_COUNT:
+        raise MeasurementError(path, line, f"{key} must be an integer from 1 to {MAX_COUNT:,} in ASCII digits, got "
+                               f"{str(value)[:40]!r}")
     return int(value)
 
 
-def parse(text: str, path: str) -> Run:
-    """One nccom-test output; MeasurementError naming the file, the line and the rule."""
+def parse(text: str, path: str, given: dict[str, str] | None = None) -> Run:
+    """One nccom-test output; MeasurementError naming the file, the line and the rule.
+
+    ``given``: the shape calibrate's flags state (keys op, ranks, nodes; values as typed),
+    for files that state none: nccom-test prints no command line. A file that states a
+    different value than a flag is refused.
+    """
     lines = text.splitlines()
     try:
         shape, at = _shape_from_header(lines)
     except MeasurementError as exc:
         raise MeasurementError(path, int(exc.key), exc.rule) from None
     name = Path(path).name
-    m = re.search(r"(?:^|[_.-])r(\d+)(?:[_.-]N(\d+))?(?:[_.-]|$)", name)
+    for key, value in (given or {}).items():
+        if key in shape and (OPS.get(shape[key]) if key == "op" else shape[key].lstrip("0")) != \
+                (OPS.get(value) if key == "op" else value.lstrip("0")):
+            raise MeasurementError(path, at, f"the file gives {key} {shape[key]!r}, --{key} {value!r}")
+        shape[key] = value
+    m = re.search(r"(?:^|[_.-])r([0-9]+)(?:[_.-]N([0-9]+))?(?:[_.-]|$)", name)
     if "ranks" not in shape and m:
         shape["ranks"], shape["nodes"] = m.group(1), m.group(2) or "1"
     if "op" not in shape:
@@ -149,9 +174,9 @@ def parse(text: str, path: str) -> Run:
         if op:
             shape["op"] = op
     if "ranks" not in shape or "op" not in shape:
-        raise MeasurementError(path, at, "rank count or operation not given: start the file with the command "
-                               "(# nccom-test -r 64 -N 2 ... allr), a '# trnopt: op=all_reduce ranks=64 nodes=2' "
-                               "line, or name it like allr_r64_N2.txt")
+        raise MeasurementError(path, at, "rank count or operation not given: pass --op, --ranks and --nodes, "
+                               "start the file with the command (# nccom-test -r 64 -N 2 ... allr) or a "
+                               "'# trnopt: op=all_reduce ranks=64 nodes=2' line, or name it like allr_r64_N2.txt")
     if shape["op"] not in OPS:
         raise MeasurementError(path, at, f"unknown operation {shape['op']!r}; one of {', '.join(sorted(OPS))}")
     op = OPS[shape["op"]]
@@ -187,9 +212,10 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
         if not raw:
             continue
         if raw.startswith("Avg bus bandwidth"):
-            m = re.search(r":\s*([0-9.]+)\s*GB/s", raw)
-            if m is None:
-                raise MeasurementError(path, n, "expected 'Avg bus bandwidth: <number>GB/s'")
+            m = re.fullmatch(rf"Avg bus bandwidth\s*:\s*({NUMBER})\s*GB/s", raw)
+            if m is None or not math.isfinite(float(m.group(1))):
+                raise MeasurementError(path, n, "expected 'Avg bus bandwidth: <number>GB/s' (a finite number in "
+                                       "ASCII digits)")
             footer = (n, float(m.group(1)))
             break
         words = raw.split()
@@ -202,6 +228,7 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
     if len({r.size for r in rows}) < MIN_SIZES:
         raise MeasurementError(path, start, f"needs at least {MIN_SIZES} message sizes for the alpha-beta fit, "
                                f"got {len({r.size for r in rows})}")
+    _physical(path, rows)
     mean = sum(r.busbw for r in rows) / len(rows)
     if abs(mean - footer[1]) > 0.01 + 0.01 * footer[1]:
         raise MeasurementError(path, footer[0], f"Avg bus bandwidth {footer[1]:g} GB/s is not the mean of the "
@@ -209,11 +236,36 @@ def _table(lines: list[str], path: str, op: str, ranks: int) -> list[Row]:
     return rows
 
 
+def _physical(path: str, rows: list[Row]) -> None:
+    """Refuse a table no link could produce: sizes out of order, a time that falls as the size
+    grows, algbw that falls (time growing faster than the size), or no growth at all."""
+    for prev, row in zip(rows, rows[1:]):
+        if row.size <= prev.size:
+            raise MeasurementError(path, row.line, f"size(B) {row.size} does not grow down the table (line "
+                                   f"{prev.line}: {prev.size}): nccom-test prints each size once, smallest first")
+    slowest = rows[0]
+    for row in rows[1:]:
+        if row.time_s < slowest.time_s * (1 - TIME_DROP) - 2e-6:
+            raise MeasurementError(path, row.line, f"time falls as the size grows ({row.time_s * 1e6:g} us for "
+                                   f"{row.size} B, {slowest.time_s * 1e6:g} us for {slowest.size} B on line "
+                                   f"{slowest.line}): no link moves more bytes in less time")
+        slowest = row if row.time_s > slowest.time_s else slowest
+    best = max(rows, key=lambda r: r.size / r.time_s)
+    rate, top = rows[-1].size / rows[-1].time_s, best.size / best.time_s
+    if rate < top * (1 - ALGBW_DROP):
+        raise MeasurementError(path, rows[-1].line, f"bandwidth falls as the size grows (algbw {rate / GIB:.3g} GiB/s "
+                               f"for {rows[-1].size} B, {top / GIB:.3g} for {best.size} B on line {best.line}): time "
+                               "grows faster than the size")
+    if rows[-1].time_s < rows[0].time_s * MIN_GROWTH:
+        raise MeasurementError(path, rows[-1].line, f"time does not grow with the size ({rows[0].time_s * 1e6:g} us "
+                               f"for {rows[0].size} B, {rows[-1].time_s * 1e6:g} us for {rows[-1].size} B): the "
+                               "table never leaves the latency floor and measures no bandwidth")
+
+
 def _number(path: str, n: int, col: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise MeasurementError(path, n, f"{col} must be a number, got {text!r}") from None
+    if not re.fullmatch(NUMBER, text):
+        raise MeasurementError(path, n, f"{col} must be a finite number >= 0 in ASCII digits, got {text[:40]!r}")
+    value = float(text)
     if not math.isfinite(value) or value < 0:
         raise MeasurementError(path, n, f"{col} must be a finite number >= 0, got {text!r}")
     return value
@@ -221,8 +273,10 @@ def _number(path: str, n: int, col: str, text: str) -> float:
 
 def _row(path: str, n: int, words: list[str], idx: dict, time_col: str, factor: float) -> Row:
     size_t, count_t, dtype = words[idx["size(B)"]], words[idx["count(elems)"]], words[idx["type"]]
-    if not size_t.isdigit() or not count_t.isdigit() or int(size_t) < 1:
-        raise MeasurementError(path, n, f"size(B) and count(elems) must be positive integers, got {size_t} {count_t}")
+    if not re.fullmatch(r"[0-9]{1,16}", size_t) or not re.fullmatch(r"[0-9]{1,16}", count_t) or \
+            not 1 <= int(size_t) <= MAX_SIZE:
+        raise MeasurementError(path, n, f"size(B) and count(elems) must be integers from 1 to {MAX_SIZE} in ASCII "
+                               f"digits, got {size_t[:40]!r} {count_t[:40]!r}")
     if dtype not in DTYPE_BYTES:
         raise MeasurementError(path, n, f"unknown type {dtype!r}; one of {', '.join(DTYPE_BYTES)}")
     size, count = int(size_t), int(count_t)
@@ -245,8 +299,9 @@ def _row(path: str, n: int, words: list[str], idx: dict, time_col: str, factor: 
     return Row(n, size, time_us * 1e-6, algbw, busbw)
 
 
-def read_runs(path: str) -> list[Run]:
-    """Every nccom-test output in a file, or in the regular files of a directory (sorted by name)."""
+def read_runs(path: str, given: dict[str, str] | None = None) -> list[Run]:
+    """Every nccom-test output in a file, or in the regular files of a directory (sorted by name);
+    ``given`` as in ``parse``."""
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
@@ -255,7 +310,7 @@ def read_runs(path: str) -> list[Run]:
     else:
         files = [p]
     # regular files only, within the loaders' size limit (a FIFO or /dev/zero is refused, not read)
-    return [parse(read_text(str(f), "--nccom", kind="nccom-test output"), str(f)) for f in files]
+    return [parse(read_text(str(f), "--nccom", kind="nccom-test output"), str(f), given) for f in files]
 
 
 # -- the alpha-beta fit --------------------------------------------------------------------------
@@ -299,96 +354,13 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> Fit:
 
 
 def fit_run(run: Run, min_size: float = 0.0) -> Fit:
-    """The fit on the run's rows of at least ``min_size`` bytes (all rows when fewer than MIN_SIZES are)."""
+    """The fit on the run's rows of at least ``min_size`` bytes (all rows when fewer than MIN_SIZES are);
+    MeasurementError when its slope is not positive (a time that does not grow with the size)."""
     rows = [r for r in run.rows if r.size >= min_size]
     if len({r.size for r in rows}) < MIN_SIZES:
         rows = list(run.rows)
-    return fit_alpha_beta([r.size for r in rows], [r.time_s for r in rows])
-
-
-def linear_from(target: Target, run: Run) -> float:
-    """Smallest message the cost model's linear view (``coefficients``) describes for the run's group.
-
-    On axes whose collectives the Neuron runtime runs, the linear view is that of its ring
-    algorithms, which the runtime uses above its RDH range (``collectives.NEURON.rdh_max``);
-    smaller messages run Mesh or RDH, whose fixed costs differ. On plain ring axes: every size.
-    """
-    span, _ = run_span(target, run)
-    neuron = getattr(collectives, "is_neuron", None)
-    runtime = getattr(collectives, "NEURON", None)
-    if neuron is not None and runtime is not None and neuron(span):
-        return float(runtime.rdh_max)
-    return 0.0
-
-
-# -- what a run measures on a target -------------------------------------------------------------
-def effective(axis: Axis) -> Axis:
-    """The axis at its achievable bandwidth (bandwidth x achievable), as the cost model uses it."""
-    return replace(axis, bandwidth=axis.bandwidth * axis.achievable, achievable=1.0)
-
-
-def _inside(target: Target) -> list[int]:
-    """Per domain axis: how many of its positions one instance holds (chips fill axes fastest first)."""
-    out, below = [], 1
-    for a in target.domain_axes:
-        cpi = target.chips_per_instance
-        out.append(math.gcd(cpi // below, a.size) if below < cpi and cpi % below == 0 else 1)
-        below *= a.size
-    return out
-
-
-def run_domains(target: Target, run: Run) -> int:
-    return run.domains or -(-run.nodes // target.instances_per_domain)
-
-
-def run_span(target: Target, run: Run) -> tuple[Span, int]:
-    """(the span of the run's group on the target's axes at their achievable bandwidth, ranks per chip).
-
-    Each node's ranks take logical cores 0.. (chips fill the instance's axes fastest first);
-    the nodes of one domain take the axes' instance-changing positions; domains join over
-    the scale-out network. MeasurementError when the run does not fit the target.
-    """
-    lnc = run.lnc or target.chip.lnc_default
-    fail = lambda rule: MeasurementError(run.path, run.header_line, rule)  # noqa: E731
-    if lnc not in target.chip.lnc_allowed:
-        raise fail(f"LNC={lnc} is not allowed on {target.name}")
-    cpc = target.chip.logical_cores(lnc)
-    per_node, domains = run.ranks // run.nodes, run_domains(target, run)
-    if run.nodes % domains or run.nodes // domains > target.instances_per_domain:
-        raise fail(f"{run.nodes} nodes do not fill {domains} {target.name} domain(s) of "
-                   f"{target.instances_per_domain} instance(s) equally")
-    if (per_node <= cpc and cpc % per_node) or (per_node > cpc and per_node % cpc) or \
-            per_node > cpc * target.chips_per_instance:
-        raise fail(f"{per_node} ranks per node do not fill whole chips of {cpc} logical cores (LNC={lnc}) of one "
-                   f"{target.instance}")
-    factors = [1] * len(target.domain_axes)
-    for need, positions in ((max(1, per_node // cpc), _inside(target)),
-                            (run.nodes // domains, [a.size // i for a, i in zip(target.domain_axes, _inside(target))])):
-        for j, room in enumerate(positions):
-            f = math.gcd(need, room)
-            factors[j] *= f
-            need //= f
-        if need != 1:
-            raise fail(f"the run's chips and nodes do not tile the axes of {target.name}")
-    axes = target.axes(lnc, domains)
-    span = [(effective(axes[0]), min(per_node, cpc))] if min(per_node, cpc) > 1 else []
-    span += [(effective(a), f) for a, f in zip(axes[1:-1], factors) if f > 1]
-    if domains > 1:
-        span.append((effective(axes[-1]), domains))
-    return tuple(span), min(per_node, cpc)
-
-
-def measured_link(target: Target, run: Run) -> tuple[str, tuple[str, ...]]:
-    """(link class, names of the target's link tables) that bound the run: its outermost level's slowest kind."""
-    span, per_chip = run_span(target, run)
-    lv = levels(span, per_chip)[-1]
-    if lv.name == "chip":
-        return "core", ()
-    names = tuple(a.name for a, _ in span if a.kind == lv.link_class and a.level == lv.name)
-    return lv.link_class, names
-
-
-def model_time(target: Target, run: Run) -> tuple[float, float]:
-    """(seconds per byte, fixed seconds) the cost model gives the run's group on this target."""
-    span, per_chip = run_span(target, run)
-    return coefficients(run.op, span, per_chip)
+    fit = fit_alpha_beta([r.size for r in rows], [r.time_s for r in rows])
+    if fit.beta_s_per_byte <= 0:
+        raise MeasurementError(run.path, rows[-1].line, f"the time of the messages from {rows[0].size} B up does not "
+                               "grow with their size: no link has an unbounded bandwidth")
+    return fit

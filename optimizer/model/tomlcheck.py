@@ -48,10 +48,18 @@ def read_named(name_or_path: str, shipped: tuple[str, ...], folder: str, flag: s
                          .read_text("utf-8")), source
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise InputError(repr(name_or_path), flag, f"empty; {listing} {', '.join(shipped)}, or give a .toml path")
-    if Path(name_or_path).suffix != ".toml" and not Path(name_or_path).exists():
+    if Path(name_or_path).suffix != ".toml" and not _exists(name_or_path):
         raise InputError(name_or_path, flag, f"unknown {kind}; {listing} {', '.join(shipped)}, or give a .toml "
                          f"path{closest(name_or_path, shipped)}")
     return read_toml(name_or_path), name_or_path
+
+
+def _exists(path: str) -> bool:
+    """Path.exists, False where the OS refuses the name (ENAMETOOLONG for a 5,000-character name, a NUL)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def closest(name: str, known: set[str] | tuple[str, ...]) -> str:

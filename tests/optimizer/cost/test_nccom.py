@@ -7,6 +7,7 @@ import math
 import pytest
 
 from trnopt.optimizer.cost import nccom as N
+from trnopt.optimizer.cost import nccom_run as R
 from trnopt.optimizer.model.target import load_target
 
 from nccom_tables import table
@@ -89,17 +90,88 @@ def test_malformed_tables_name_the_file_and_the_line():
     ("trn2u", 64, 1, "torus", ("x", "y")),      # one instance: its 4x4 torus
     ("trn2", 16, 1, "torus", ("x",)),           # 4 chips: one torus axis
     ("trn2u", 256, 4, "ring", ("ring",)),       # the four instances of one UltraServer
-    ("trn2u", 512, 8, "scale_out", ("efa",)),   # two UltraServers
-    ("trn2", 128, 2, "scale_out", ("efa",)),    # two trn2 instances
+    # two UltraServers: the hierarchical all-reduce sends S/256 per rank over EFA, the ring carries 96%
+    ("trn2u", 512, 8, "ring", ("ring",)),
+    ("trn2", 128, 2, "torus", ("x", "y")),      # two trn2 instances: EFA carries 31% at the file's shares
     ("trn3-gen2", 32, 2, "switch", ("switch",)),
     ("trn2u", 4, 1, "core", ()),                # one chip: on-chip traffic only
 ])
-def test_the_link_class_follows_from_ranks_and_nodes(name, ranks, nodes, link, names):
+def test_the_link_class_that_limits_the_run(name, ranks, nodes, link, names):
     run = N.parse(table("all_reduce", ranks, nodes, 300e-6, 1e-11), "x.txt")
-    assert N.measured_link(load_target(name), run) == (link, names)
+    assert R.measured_link(load_target(name), run) == (link, names)
+
+
+def test_byte_shares_add_up_and_efa_limits_a_slow_efa():
+    target = load_target("trn2")
+    run = N.parse(table("all_reduce", 1024, 16, 300e-6, 1e-11), "x.txt")
+    shares = R.byte_shares(target, run)
+    assert set(shares) == {("x", "y"), ("efa",)} and 0.95 < sum(shares.values()) < 1.0  # the rest is on-chip
+    slow = R.scaled_links(target, ("efa",), 0.5)
+    assert R.measured_link(slow, run) == ("scale_out", ("efa",))
 
 
 def test_a_run_that_does_not_fit_the_target_is_bad_input():
     run = N.parse(table("all_reduce", 96, 1, 300e-6, 1e-11), "odd.txt")  # 24 chips on a 16-chip instance
     with pytest.raises(N.MeasurementError, match=r"^odd.txt:1: 96 ranks per node"):
-        N.measured_link(load_target("trn2"), run)
+        R.measured_link(load_target("trn2"), run)
+
+
+def _footer(text: str) -> str:
+    lines = table("all_reduce", 64, 1, 300e-6, 2e-11).splitlines()
+    assert len(lines) == 31 and lines[-1].startswith("Avg bus bandwidth:")
+    return "\n".join(lines[:-1] + [text])
+
+
+def _row(size: int, t_us: float, op: str = "all_reduce", ranks: int = 64) -> str:
+    algbw = size / (t_us * 1e-6) / 2**30
+    return f"{size:>12} {size:>15} {'uint8':>8} {t_us:>11g} {algbw:>14.2f} {algbw * N.bus_factor(op, ranks):>14.2f}"
+
+
+def _tab(rows: list[tuple[int, float]], first: str = "# nccom-test -r 64 allr") -> str:
+    lines = [_row(s, t) for s, t in rows]
+    mean = sum(float(x.split()[-1]) for x in lines) / len(lines)
+    return "\n".join([first, "     size(B)    count(elems)     type    time(us)    algbw(GB/s)    busbw(GB/s)", *lines,
+                      f"Avg bus bandwidth:      {mean:.4f}GB/s"])
+
+
+@pytest.mark.parametrize("text, line, rule", [
+    (lambda: _footer("Avg bus bandwidth:      .GB/s"), 31, "expected 'Avg bus"),
+    (lambda: _footer("Avg bus bandwidth: 1.2.3GB/s"), 31, "expected 'Avg bus"),
+    (lambda: _footer("Avg bus bandwidth: \u0664\u0660GB/s"), 31, "expected 'Avg bus"),
+    (lambda: _footer("Avg bus bandwidth: 1e999GB/s"), 31, "expected 'Avg bus"),
+    (lambda: _tab([(8, 300), (32, 301), (128, 302)]).replace(
+        "           8               8", "           \u00b2               8"), 3, "size(B) and count(elems) must be"),
+    (lambda: "# nccom-test -r " + "9" * 5000 + " allr\n" + _tab([(8, 300), (32, 310), (128, 330)], ""), 1,
+     "ranks must be an integer from 1 to"),
+    (lambda: _tab([(8, 300), (32, 310), (128, 330)]).replace("128             128", "9" * 5000 + " 128"), 5,
+     "size(B) and count(elems) must be"),
+    (lambda: _tab([(8, 300), (32, 300), (128, 300), (512, 300)]), 6, "time does not grow with the size"),
+    (lambda: _tab([(8, 300), (32, 300)]).replace("-r 64", "-r \u0666\u0664"), 1, "ranks must be an integer"),
+    (lambda: _tab([(8, 300), (32, 310), (128, 150), (512, 600)]), 5, "time falls as the size grows"),
+    (lambda: _tab([(8, 300), (2**20, 400), (2**21, 30000), (2**22, 90000)]), 6, "bandwidth falls as the size grows"),
+    (lambda: _tab([(8, 300), (32, 310), (32, 320), (128, 330)]), 5, "size(B) 32 does not grow down the table"),
+    (lambda: _tab([(8, 300), (32, 310), (128, 330)]).replace(" 310 ", " 3_10 "), 4, "time(us) must be"),
+])
+def test_tables_no_link_could_produce_are_refused_with_file_line_rule(text, line, rule):
+    assert _bad(text()).startswith(f"bad.txt:{line}: {rule}")
+
+
+def test_the_run_shape_from_flags_for_raw_nccom_test_output():
+    raw = table("all_gather", 256, 4, 100e-6, 1e-10, header=None)  # nccom-test prints no command line
+    assert _bad(raw).startswith("bad.txt:1: rank count or operation not given: pass --op, --ranks and --nodes")
+    run = N.parse(raw, "out.txt", {"op": "allg", "ranks": "256", "nodes": "4"})
+    assert (run.op, run.ranks, run.nodes) == ("all_gather", 256, 4)
+    with_cmd = table("all_gather", 256, 4, 100e-6, 1e-10)
+    assert N.parse(with_cmd, "out.txt", {"ranks": "256"}).ranks == 256  # agreeing with the file is fine
+    with pytest.raises(N.MeasurementError, match=r"^out.txt:1: the file gives ranks '256', --ranks '128'"):
+        N.parse(with_cmd, "out.txt", {"ranks": "128"})
+    with pytest.raises(N.MeasurementError, match=r"^out.txt:1: the file gives op 'allg', --op 'allr'"):
+        N.parse(with_cmd, "out.txt", {"op": "allr"})
+
+
+def test_large_messages_whose_time_does_not_grow_are_refused():
+    # grows at small sizes (passes the table's rules) but is flat from 16 MiB up: an unbounded bandwidth
+    text = _tab([(8, 300), (2**20, 400), (2**24, 5000), (2**26, 5050), (2**28, 4990), (2**30, 4950)])
+    run = N.parse(text, "flat.txt")
+    with pytest.raises(N.MeasurementError, match=r"^flat.txt:8: the time of the messages from 16777216 B up"):
+        N.fit_run(run, 2**24)
