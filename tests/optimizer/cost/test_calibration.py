@@ -4,7 +4,9 @@ import dataclasses
 
 import pytest
 
-from trnopt.optimizer.cost.calibration import GPU_FREE, band, fit, rows, table5_cases, trn1_cases
+from trnopt.optimizer.cost.calibration import (FAMILIES, GPU_FREE, band, fit, h100_cases, held_out, held_out_errors,
+                                               held_out_table, rows, step_band, table5_cases, trn1_cases)
+from trnopt.optimizer.cost.steptime import model_flops
 from trnopt.optimizer.model.target import BUILTIN_TARGETS, load_target
 
 TRAINIUM = ("trn1", "trn2", "trn2u", "trn3-gen1", "trn3-gen2")
@@ -52,3 +54,44 @@ def test_band_brackets_the_rows():
     low, high = band([0.10, -0.05, 0.02])
     assert low == pytest.approx(1 / 1.10) and high == pytest.approx(1 / 0.95)
     assert band([0.0]) == (1.0, 1.0)
+
+
+def test_stored_held_out_errors_are_the_leave_one_out_refits():
+    """targets/measured/held-out.json holds what ``held_out`` computes: each row scored by the fit of the others."""
+    for family, (cases_of, base, free) in FAMILIES.items():
+        target, cases = load_target(base), cases_of()
+        stored = held_out_table()[family]
+        assert stored["free"] == list(free)
+        computed = held_out(target, cases, free)
+        assert [r["label"] for r in stored["rows"]] == [c.label for c in cases]
+        for r, h, f in zip(stored["rows"], computed, rows(target, cases)):
+            assert r["held_out_error"] == pytest.approx(h.error, abs=6e-5), r["label"]
+            assert r["fit_error"] == pytest.approx(f.error, abs=6e-5), r["label"]
+
+
+def test_a_held_out_row_is_scored_by_parameters_fitted_without_it():
+    """Leaving a row out changes what the fit sees: a row whose presence moves the fit predicts worse held out."""
+    target, cases = load_target("a100"), table5_cases()
+    predicted = held_out(target, cases[:3], GPU_FREE)
+    for i, h in enumerate(predicted):
+        others = cases[:i] + cases[i + 1:3]
+        refit = fit(target, others, GPU_FREE).applied(target, GPU_FREE)
+        assert h.evaluation.step.total == pytest.approx(cases[i].row(refit).evaluation.step.total)
+
+
+def test_the_band_rests_on_the_held_out_errors():
+    low, high, source = step_band(load_target("trn2u"))
+    errors = list(held_out_errors("trn1-published").values())
+    assert (low, high) == band(errors)
+    assert "held-out" in source and "carried over from trn1" in source
+    assert step_band(load_target("a100"))[2].endswith("fitted on a100")
+
+
+def test_h100_published_rows_convert_their_metric_to_a_step_time():
+    cases = h100_cases()
+    assert len(cases) == 7
+    # torchtitan Table 1: 16 sequences of 8192 tokens at 5,762 tokens/s on each of 8 GPUs
+    assert cases[0].published_s == pytest.approx(16 * 8192 / (5762 * 8))
+    # Meta Table 4 row 1: trnopt's model FLOPs of a 2048 x 8192-token step at 430 TFLOPs on each of 8,192 GPUs
+    assert cases[4].published_s == pytest.approx(model_flops(cases[4].workload) / (430e12 * 8192))
+    assert all(c.row(load_target("h100")).evaluation.step.total > 0 for c in cases)
