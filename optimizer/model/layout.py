@@ -246,8 +246,8 @@ class Layout:
             out.append(("ep", f"ep={self.ep} on a dense model"))
         if m.moe is not None and m.moe.experts % self.ep:
             out.append(("ep", f"ep={self.ep} must divide the {m.moe.experts} routed experts"))
-        if seq_problem(t.seq, self.tp, self.cp, rules):
-            out.append(("cp", seq_problem(t.seq, self.tp, self.cp, rules)))
+        if split := seq_problem(t.seq, self.tp, self.cp, rules):
+            out.append(("cp", split))
         if t.global_batch % (self.dp * self.micro_batch):
             out.append(("dp", f"dp*micro_batch={self.dp}*{self.micro_batch} must divide the global batch "
                         f"{t.global_batch}"))
