@@ -58,6 +58,11 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   the gradients and clipping scales them (Pascanu et al. 2013; torchtitan's
   ``clip_grad_norm_``, Megatron-LM's ``clip_grad_norm_fp32``): (2 * state + 3 * gradient
   bytes) per parameter at HBM bandwidth.
+- Replicated KV heads (TP past the KV head count: E(tp) = L 2 h d_head (tp - kv) more
+  parameters in a TP group, memory.kv_replica_params): the optimizer steps them, their
+  gradients add E(tp) / P_dense to the dense DP and ZeRO-3 bytes, and NxD's GQA QKV backward
+  all-reduces the K/V output gradients (FP32) over the ranks sharing a head, per layer and
+  micro-batch: L_s pp * (B tp cp / (R b)) t_AR(2 s/cp b d_head 4), counted in TP, not hidden.
 """
 
 from __future__ import annotations
@@ -287,6 +292,10 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     # DP: gradients of dense weights over span.dp (ep x edp), of experts over span.edp
     experts = mdl.expert_params()
     dense = mdl.total_params() - experts
+    kv_head_params = kv_replica_params(mdl, mdl.kv_heads + 1)  # E(tp) = this x (tp - kv heads), tp past them
+
+    def kv_replicas(tp: int) -> int:
+        return max(tp - mdl.kv_heads, 0)
 
     def sync(kind: str, params: float, z: int, hsdp: bool, sp) -> tuple[float, float]:
         """(seconds per unit of cp, fixed seconds) over the data-parallel span ``sp`` of one step's
@@ -317,8 +326,10 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
                 return lambda z, h, sp: sync(kind, params, z, h, sp)[i]
             return lambda h, sp: sync(kind, params, 3, h, sp)[i]  # ZeRO-3's own collectives
         cpd = f.decision("cp")
-        parts = [f.prod(cpd, f.table((*keys, "span.dp"), part(dense, 0), name + "_dense_bw")),
-                 f.table((*keys, "span.dp"), part(dense, 1), name + "_dense_lat")]
+        dense_bw = f.table((*keys, "span.dp"), part(dense, 0), name + "_dense_bw")
+        parts = [f.prod(cpd, dense_bw), f.table((*keys, "span.dp"), part(dense, 1), name + "_dense_lat")]
+        if kv_head_params:  # replicated K/V gradients ride in the same buckets: E(tp) / P_dense more bytes
+            parts.append(f.prod(cpd, dense_bw, f.count("tp", kv_replicas, "kv_replicas"), coef=kv_head_params / dense))
         if experts:
             parts += [f.prod(cpd, f.table((*keys, "span.edp"), part(experts, 0), name + "_expert_bw")),
                       f.table((*keys, "span.edp"), part(experts, 1), name + "_expert_lat")]

@@ -34,6 +34,27 @@ world in the order (pp, dp_replicate, dp_shard, cp, tp), tp innermost
 
 NxD Training (``parallel_state.initialize_model_parallel``) numbers TP innermost, then DP,
 then PP, the same order as trnopt's ranks.
+
+Structural rules (``FrameworkProfile.rules``, held by ``Layout.workload_problems`` and, inside
+the search, by the degree sets of ``search.space.Space`` via ``Problem.rules``; each refusal
+names the file in ``sources``). torchtitan 0.2.2:
+
+- attention heads and KV heads divisible by TP: wq/wk/wv column-wise, each rank's columns
+  viewed as whole heads, no KV-head replication (models/llama3); MLA: heads only;
+- the sequence divisible by 2 x tp x cp (``ParallelDims.seq_len_divisor``: sequence
+  parallelism, load-balanced context parallelism);
+- routed experts divisible by EP; expert TP (= TP) cuts the routed experts' FFN width (w1/w3
+  dim 1, w2 dim 2) and the shared experts' (one FeedForward, column/row-wise) into equal shards;
+- pipeline stages as ``pipeline_llm`` makes them: the embedding and the output count as one
+  layer each, pp x interleave stages need a ``pipeline_parallel_layers_per_stage`` that makes
+  exactly that many (1F1B: one a rank);
+- the FSDP/HSDP mesh: dp_replicate x dp_shard x cp x tp x pp = world (``ParallelDims._validate``,
+  true of every Layout); HSDP needs a shard group (dp_shard x cp > 1), else torchtitan runs
+  DDP, which it refuses beside TP/PP/CP (``supports``); the sparse mesh's efsdp =
+  dp_shard x cp / ep is whole because EP divides dp and HSDP is never combined with EP.
+
+NxD replicates KV heads (TP a multiple of the KV heads), which the cost model charges
+(``cost.memory.kv_replica_params``).
 """
 
 from __future__ import annotations
@@ -207,28 +228,15 @@ class FrameworkProfile:
                 "core binding places it")
 
 
-# Where torchtitan 0.2.2 enforces each rule of TORCHTITAN.rules (paths in pytorch/torchtitan).
+# Where torchtitan 0.2.2 enforces each rule of TORCHTITAN.rules (paths in pytorch/torchtitan; module docstring)
 TORCHTITAN_SOURCES = (
-    # wq/wk/wv ColwiseParallel (infra/parallelize.py apply_tp); Attention.forward views each rank's
-    # columns as (-1, head_dim) heads (model/model.py), so a rank must hold whole query and KV heads;
-    # no KV-head replication. MLA: wq / wq_b and wkv_b column-wise by heads (deepseek_v3/infra/parallelize.py).
-    # Expert TP = TP: ExpertTensorParallel shards w1/w3 on dim 1 and w2 on dim 2, the expert FFN width
-    # (distributed/expert_parallel.py); the shared experts, one FeedForward of width
-    # moe_inter_dim x num_shared_experts (models/moe/moe.py), column/row-wise by TP
-    # (llama4/infra/parallelize.py apply_moe_ep_tp, which deepseek_v3 uses).
     ("heads", "torchtitan/models/llama3/model/model.py Attention.forward; deepseek_v3/infra/parallelize.py"),
     ("kv_heads", "torchtitan/models/llama3/infra/parallelize.py apply_tp, model/model.py Attention.forward"),
     ("experts", "torchtitan/distributed/expert_parallel.py ExpertTensorParallel"),
     ("shared_experts", "torchtitan/models/llama4/infra/parallelize.py apply_moe_ep_tp, models/moe/moe.py"),
-    # parallelize_llama / parallelize_deepseekv3 assert seq_len % ParallelDims.seq_len_divisor == 0,
-    # seq_len_divisor = tp * 2 * cp (sequence parallelism by tp, load-balanced CP in 2 x cp chunks)
     ("cp", "torchtitan/distributed/parallel_dims.py seq_len_divisor, asserted in "
            "models/llama3/infra/parallelize.py"),
-    # ExpertParallel._token_dispatch views num_tokens_per_expert as (ep, -1)
     ("ep", "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch"),
-    # pipeline_llm: ceil((layers + first_less + last_less) / layers_per_stage) virtual stages, a multiple
-    # of pp; generate_llm_fqn_per_model_part: stages <= effective layers, first/last weights <= the
-    # layers per stage
     ("pp", "torchtitan/distributed/pipeline_parallel.py pipeline_llm, generate_llm_fqn_per_model_part"),
     ("interleave", "torchtitan/distributed/pipeline_parallel.py pipeline_llm, generate_llm_fqn_per_model_part"),
 )

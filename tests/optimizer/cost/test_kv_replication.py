@@ -2,9 +2,10 @@
 
 import pytest
 
+from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost import memory, steptime
 from trnopt.optimizer.cost.memory import kv_replica_params, memory_per_chip
-from trnopt.optimizer.cost.steptime import step_time
+from trnopt.optimizer.cost.steptime import step_terms, step_time
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
@@ -82,3 +83,27 @@ def test_kv_gradient_all_reduce_once_per_layer_and_micro_batch(monkeypatch):
     assert extra > 0
     assert extra2 == pytest.approx(2 * extra)  # twice the micro-batches, twice the all-reduces
     assert step_time(w8, lay8, t8).tp == tp8   # TP8 replicates nothing
+
+
+def _node(expr, name):
+    """The node of a factor tree called ``name``."""
+    if getattr(expr, "name", "") == name:
+        return expr
+    for child in (getattr(expr, "items", ()) or ()) + tuple(getattr(expr, k) for k in ("a", "b", "num", "den")
+                                                            if hasattr(expr, k)):
+        found = _node(child, name)
+        if found is not None:
+            return found
+    return None
+
+
+def test_dp_gradient_bytes_grow_by_the_replicas(monkeypatch):
+    t, lay, w = seed()
+    point = f.decisions(lay, w)
+    charged = _node(step_terms(w, t, lay.axes, lay.lnc, None)["dp"], "dp_comm").value(point)
+    without_replicas(monkeypatch)
+    plain = _node(step_terms(w, t, lay.axes, lay.lnc, None)["dp"], "dp_comm").value(point)
+    dense = w.model.total_params()  # a dense model: every parameter's gradient is in the dense bucket
+    latency = _node(step_terms(w, t, lay.axes, lay.lnc, None)["dp"], "dp_comm_dense_lat").value(point)
+    # the bandwidth part grows by E / P_dense; the per-collective fixed cost does not
+    assert charged - plain == pytest.approx((plain - latency) * EXTRA_TP64 / dense)
