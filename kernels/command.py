@@ -32,7 +32,8 @@ import numpy as np
 from trnopt.kernels import overlap
 from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring
 from trnopt.kernels.tiling import SBUF_TRN2
-from trnopt.optimizer.model.layoutfile import read_layout
+from trnopt.optimizer.frameworks.profile import check_runs
+from trnopt.optimizer.model.layoutfile import layout_framework, read_layout
 from trnopt.optimizer.cost.overlap import measured
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -239,6 +240,7 @@ def run(args) -> int:
 
     check_output(args.json, "--json", args.force)
     target, workload, layout = read_layout(args.layout)
+    check_runs(layout, workload, layout_framework(args.layout), args.layout)
     plan = kernel_plan(workload, layout, target)
     quiet = args.json == "-"
     say = (lambda *a: None) if quiet else print

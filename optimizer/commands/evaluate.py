@@ -20,6 +20,8 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
+from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
+from trnopt.optimizer.frameworks.profile import PROFILES, check_runs
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.placement import rank_map_summary
 from trnopt.optimizer.model.target import GIB, check_domains, load_target
@@ -28,6 +30,10 @@ from trnopt.optimizer.model.target import GIB, check_domains, load_target
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="score one hand-written layout with the cost model")
     add_problem_args(p)
+    p.add_argument("--framework", choices=tuple(PROFILES),
+                   help="the framework that will run the layout: every rule it puts on a layout must hold, exit 2 "
+                        f"naming the rule (default: {DEFAULT_FRAMEWORK}'s rules on heads, KV heads, the sequence "
+                        "split, experts and pipeline stages)")
     p.add_argument("--tp", type=int, help="tensor-parallel degree (ranks); default: from --placement, else 1")
     p.add_argument("--pp", type=int, help="pipeline-parallel degree; default: from --placement, else 1")
     p.add_argument("--dp", type=int, help="data-parallel degree (all DP ranks, experts' included); "
@@ -124,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         key, rule = problems[0]
         raise InputError(source or FLAGS[key], key, rule)
+    check_runs(layout, workload, args.framework, "--framework")
     check_rank_map_size(args, layout.ranks)
     problem = Problem(workload, target, domains, args.headroom)
     e = problem.evaluate(layout)
@@ -131,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         lines = with_overlap_source(evaluation_lines(e, target), e, problem)
         print("\n".join(lines + [""] + rank_map_lines(e, target)))
     if args.json:
-        write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
+        write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains, args.framework),
                                  **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}, args.force)
     write_rank_map(args, layout, target)
     if not e.fits:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
                       lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework),
                       recompute=framework.recompute, interleave=framework.interleaved, hsdp=framework.hsdp,
-                      instance_blocks=True)
+                      rules=framework.rules, instance_blocks=True)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
     # one deadline for the whole command: finding the domain count comes out of --time-limit
     deadline = time.perf_counter() + args.time_limit
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     result = solve(problem, max(1.0, deadline - time.perf_counter()), args.workers, args.seed, args.top,
                    deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
     result.domains_note = note
-    info = problem_dict(args.target, args.model, workload, problem.domains)
+    info = problem_dict(args.target, args.model, workload, problem.domains, framework.name)
     if args.format == "json" or args.json == "-":
         write_output("-", solve_dict(result, info))
     elif args.format in export.FORMATS:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         write_output(args.json, solve_dict(result, info), args.force)
     write_rank_map(args, result.best.layout, target)
-    for why in (framework.supports(result.best.layout), framework.producible(result.best.layout, target)):
+    for why in (framework.supports(result.best.layout, workload), framework.producible(result.best.layout, target)):
         if why:
             print(f"trnopt: warning: {why}", file=sys.stderr)
     if result.status != "OPTIMAL":

@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.model.layout import Layout, every_nth, hsdp_replicas, recompute_mix
 from trnopt.optimizer.model.target import GIB, Axis, Target
-from trnopt.optimizer.model.workload import Workload
+from trnopt.optimizer.model.workload import Model, Workload
 
 
 def training_state_bytes(params: float, bytes_per_param: int = 16) -> float:
@@ -96,12 +96,26 @@ def logits_bytes(workload: Workload, tp: int, cp: int, micro_batch: int) -> floa
     return tr.seq / cp * micro_batch * workload.model.vocab / tp * 8
 
 
+def kv_replica_params(model: Model, tp: int) -> int:
+    """K/V projection parameters a TP group holds beyond the model's own, all layers:
+        layers * 2 * hidden * head_dim * (max(kv_heads, tp) - kv_heads)
+    When TP exceeds the KV head count, each rank still needs one whole KV head, so every KV head is
+    replicated on tp / kv_heads ranks: NxD Training's GQAQKVColumnParallelLinear replicates the K and
+    V weights ``kv_size_multiplier`` (= tp / kv_heads) times (neuronx_distributed/modules/qkv_linear.py;
+    the NxD API guide: "it would result in extra memory getting consumed"). Each replica has its own
+    weights, gradients and optimizer state. 0 for MLA (no KV heads to shard) and for tp <= kv_heads."""
+    if model.mla is not None or tp <= model.kv_heads:
+        return 0
+    return model.layers * 2 * model.hidden * model.head_dim * (tp - model.kv_heads)
+
+
 def gathered_layer_bytes(workload: Workload, tp: int, ep: int) -> float:
     """ZeRO-3 / FSDP buffers per rank: the layer in use and the one prefetched, unsharded over DP
     (BF16 weights), and one layer's unsharded gradient reduced in FP32 (torchtitan's default
     mixed_precision_reduce), for the largest layer (PyTorch FSDP2 prefetches one layer ahead)."""
     mdl, tr = workload.model, workload.training
-    dense = mdl.attention_params() + 2 * mdl.hidden + (mdl.mlp_params(mdl.ffn) if mdl.dense_layers else 0)
+    dense = (mdl.attention_params() + kv_replica_params(mdl, tp) / mdl.layers + 2 * mdl.hidden
+             + (mdl.mlp_params(mdl.ffn) if mdl.dense_layers else 0))
     largest = dense / tp
     if mdl.moe is not None:
         moe = mdl.moe
@@ -158,19 +172,12 @@ FRAGMENTATION_DIVISOR = 20  # 1/20 = 5%: a division keeps the solver's products 
 KINDS = tuple(fl.name for fl in fields(Memory))
 
 
-def params_per_rank(workload: Workload, layout: Layout) -> tuple[float, float]:
-    """(dense, expert) parameters one rank holds before ZeRO: P_dense/(tp*pp), P_expert/(tp*pp*ep)."""
-    m = workload.model
-    experts = m.expert_params()
-    mp = layout.tp * layout.pp
-    return (m.total_params() - experts) / mp, experts / (mp * layout.ep)
-
-
 def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> dict[str, f.Expr]:
     """Every Memory kind as a tree of factors (factors.py), for layouts on ``axes``.
 
     A rank holds P_dense / (tp pp) = P_dense dp cp / R dense and P_expert edp cp / R expert
-    parameters (R ranks); a kind of state sharded from ZeRO stage z on holds
+    parameters (R ranks), and E(tp) dp cp / R replicated K/V ones past the KV head count
+    (kv_replica_params); a kind of state sharded from ZeRO stage z on holds
     bytes * cp * (P_dense + P_expert) / R from then (times dp_replicate under HSDP, whose shards
     span dp / dp_replicate ranks), bytes * cp * (P_dense dp + P_expert edp) / R before. Activations: the first stage's A(recompute, tp, cp) * b * L_s * min(m, pp) *
     interleave factor, or the last stage's one micro-batch plus its FP32 logits, whichever is
@@ -185,13 +192,18 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
     # HSDP shards over dp / dp_replicate ranks: a sharded kind is dp_replicate times larger
     replicas = f.count(("hsdp", "span.dp"), lambda h, sp: hsdp_replicas(sp) if h else 1, "hsdp_replicas")
 
+    # replicated K/V heads (kv_replica_params) add to the dense parameters of a TP group: E(tp) dp / R
+    # a rank before sharding, E(tp) / R from its stage on (per unit of cp, as the rest)
+    kv_extra = f.table("tp", lambda tp: kv_replica_params(mdl, tp) / R, "kv_replicas_per_rank")
+
     def state(bytes_per_param: int, stage: int, name: str) -> f.Expr:
         before = f.count("zero", lambda z: bytes_per_param if z < stage else 0, name + "_unsharded")
         after = f.count("zero", lambda z: bytes_per_param if z >= stage else 0, name + "_sharded")
         return f.prod(f.decision("cp"), f.add(
             f.prod(before, f.table("dp", lambda dp: dense * dp / R, "dense_per_rank")),
             f.prod(before, f.table("edp", lambda edp: experts * edp / R, "experts_per_rank")),
-            f.prod(after, replicas, coef=(dense + experts) / R)), coef=c, name=name)
+            f.prod(after, replicas, coef=(dense + experts) / R),
+            f.prod(before, f.decision("dp"), kv_extra), f.prod(after, replicas, kv_extra)), coef=c, name=name)
 
     pp = f.decision("pp")
     b = f.decision("micro_batch")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
 from trnopt.optimizer.cost.overlap import OverlapTable, measured
-from trnopt.optimizer.model.layout import RECOMPUTE, Layout
+from trnopt.optimizer.model.layout import RECOMPUTE, Layout, Rules
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 
@@ -41,6 +41,9 @@ class Problem:
     hsdp: bool = False
     """Whether HSDP may be searched: the sharded state replicated across the scale-out axis
     (``Layout.dp_replicate``; the framework runs FSDP on a 2-D mesh)."""
+    rules: Rules = Rules()
+    """The structural rules of the framework that will run the layout (its profile's); the
+    search's degree sets and the layouts it enumerates honour them."""
     instance_blocks: bool = False
     """Only placements in which every instance holds one block of consecutive ranks, as
     torchrun numbers them (node_rank * nproc_per_node + local_rank) with a free node order

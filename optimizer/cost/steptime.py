@@ -58,6 +58,11 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   the gradients and clipping scales them (Pascanu et al. 2013; torchtitan's
   ``clip_grad_norm_``, Megatron-LM's ``clip_grad_norm_fp32``): (2 * state + 3 * gradient
   bytes) per parameter at HBM bandwidth.
+- Replicated KV heads (TP past the KV head count: E(tp) = L 2 h d_head (tp - kv) more
+  parameters in a TP group, memory.kv_replica_params): the optimizer steps them, their
+  gradients add E(tp) / P_dense to the dense DP and ZeRO-3 bytes, and NxD's GQA QKV backward
+  all-reduces the K/V output gradients (FP32) over the ranks sharing a head, per layer and
+  micro-batch: L_s pp * (B tp cp / (R b)) t_AR(2 s/cp b d_head 4), counted in TP, not hidden.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ from functools import lru_cache
 
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost import factors as f
-from trnopt.optimizer.cost.compute import head_seconds, layer_time
+from trnopt.optimizer.cost.compute import FP32, head_seconds, layer_time
+from trnopt.optimizer.cost.memory import kv_replica_params
 from trnopt.optimizer.cost.overlap import shape_class, tp_hidden
 from trnopt.optimizer.model.layout import Layout, full_layers, hsdp_spans, recompute_mix
 from trnopt.optimizer.model.target import Axis, Target
@@ -239,7 +245,21 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         return f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)) * pp, "tp_npp"),
                       f.table(("span.tp", "cp", "micro_batch"), per_stage_layer, name + "_each"), name=name)
 
-    tp_raw, tp = tp_term(False, "tp_raw"), tp_term(True, "tp")
+    # replicated KV heads (tp > kv heads, memory.kv_replica_params): NxD's GQA QKV backward all-reduces the
+    # K and V output gradients (FP32) over the ranks sharing a KV head, once per layer and micro-batch
+    # (neuronx_distributed/modules/qkv_linear.py), 2 s/cp b d 4 bytes a rank: L_s pp * (B tp cp / (R b))
+    # t_AR(that). Timed on the TP group's span, which holds those groups (a bound: they are tp / kv of its
+    # ranks), and not hidden by the overlap kernels
+    @functools.lru_cache(maxsize=None)
+    def kv_grads_each(span, cp, b):
+        tp = _span_size(span)
+        if not kv_replica_params(mdl, tp):
+            return 0.0
+        return B * tp * cp / (R * b) * once("all_reduce", 2 * s / cp * b * mdl.head_dim * FP32, span)
+    kv_grads = f.prod(f.count("pp", lambda pp: layers(pp) * pp, "kv_grads_lpp"),
+                      f.table(("span.tp", "cp", "micro_batch"), kv_grads_each, "kv_grads_each"), name="kv_grads")
+    tp_raw, tp = f.add(tp_term(False, "tp_raw_ar"), kv_grads, name="tp_raw"), f.add(tp_term(True, "tp_ar"), kv_grads,
+                                                                                       name="tp")
 
     # CP: 2 L_s pp * (B tp cp / (R b)) t_AG(b s max(kv, tp) / tp * 2 d a): a rank holds max(kv, tp) / tp
     # K/V heads and gathers them for the whole sequence
@@ -272,6 +292,10 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     # DP: gradients of dense weights over span.dp (ep x edp), of experts over span.edp
     experts = mdl.expert_params()
     dense = mdl.total_params() - experts
+    kv_head_params = kv_replica_params(mdl, mdl.kv_heads + 1)  # E(tp) = this x (tp - kv heads), tp past them
+
+    def kv_replicas(tp: int) -> int:
+        return max(tp - mdl.kv_heads, 0)
 
     def sync(kind: str, params: float, z: int, hsdp: bool, sp) -> tuple[float, float]:
         """(seconds per unit of cp, fixed seconds) over the data-parallel span ``sp`` of one step's
@@ -302,8 +326,10 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
                 return lambda z, h, sp: sync(kind, params, z, h, sp)[i]
             return lambda h, sp: sync(kind, params, 3, h, sp)[i]  # ZeRO-3's own collectives
         cpd = f.decision("cp")
-        parts = [f.prod(cpd, f.table((*keys, "span.dp"), part(dense, 0), name + "_dense_bw")),
-                 f.table((*keys, "span.dp"), part(dense, 1), name + "_dense_lat")]
+        dense_bw = f.table((*keys, "span.dp"), part(dense, 0), name + "_dense_bw")
+        parts = [f.prod(cpd, dense_bw), f.table((*keys, "span.dp"), part(dense, 1), name + "_dense_lat")]
+        if kv_head_params:  # replicated K/V gradients ride in the same buckets: E(tp) / P_dense more bytes
+            parts.append(f.prod(cpd, dense_bw, f.count("tp", kv_replicas, "kv_replicas"), coef=kv_head_params / dense))
         if experts:
             parts += [f.prod(cpd, f.table((*keys, "span.edp"), part(experts, 0), name + "_expert_bw")),
                       f.table((*keys, "span.edp"), part(experts, 1), name + "_expert_lat")]
@@ -330,10 +356,12 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     seconds_per_param = (2 * tr.state_bytes_per_param + 3 * tr.grad_bytes) * c / target.chip.hbm_bandwidth
     z0 = f.indicator("zero", lambda z: z == 0, "zero0")
     sharded = f.indicator("zero", lambda z: z >= 1, "zero_ge1")
+    kv_extra = f.table("tp", lambda tp: seconds_per_param * kv_replica_params(mdl, tp) / R, "kv_replicas_step")
     optimizer = f.prod(f.decision("cp"), f.add(
         f.prod(z0, f.decision("dp"), coef=seconds_per_param * dense / R),
         f.prod(z0, f.decision("edp"), coef=seconds_per_param * experts / R),
-        f.prod(sharded, coef=seconds_per_param * (dense + experts) / R)), name="optimizer")
+        f.prod(sharded, coef=seconds_per_param * (dense + experts) / R),
+        f.prod(z0, f.decision("dp"), kv_extra), f.prod(sharded, kv_extra)), name="optimizer")
 
     return {"compute": compute, "tp": tp, "cp": cp, "ep": ep, "pp_send": pp_send, "pp_bubble": bubble, "dp": dp,
             "zero3": zero3, "optimizer": optimizer, "tp_raw": tp_raw}

@@ -89,7 +89,7 @@ def plan(workload: Workload, target: Target, layout: Layout, scheduler: str, ent
     """The launch of a layout, or InputError naming why this framework and torchrun cannot produce it."""
     if scheduler not in SCHEDULERS:
         raise InputError("--scheduler", "scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
-    for why in (framework.supports(layout), framework.producible(layout, target)):
+    for why in (framework.supports(layout, workload), framework.producible(layout, target)):
         if why:
             raise InputError(layout_file, "layout", why)
     binding = torchrun_binding(layout, target)

@@ -34,6 +34,27 @@ world in the order (pp, dp_replicate, dp_shard, cp, tp), tp innermost
 
 NxD Training (``parallel_state.initialize_model_parallel``) numbers TP innermost, then DP,
 then PP, the same order as trnopt's ranks.
+
+Structural rules (``FrameworkProfile.rules``, held by ``Layout.workload_problems`` and, inside
+the search, by the degree sets of ``search.space.Space`` via ``Problem.rules``; each refusal
+names the file in ``sources``). torchtitan 0.2.2:
+
+- attention heads and KV heads divisible by TP: wq/wk/wv column-wise, each rank's columns
+  viewed as whole heads, no KV-head replication (models/llama3); MLA: heads only;
+- the sequence divisible by 2 x tp x cp (``ParallelDims.seq_len_divisor``: sequence
+  parallelism, load-balanced context parallelism);
+- routed experts divisible by EP; expert TP (= TP) cuts the routed experts' FFN width (w1/w3
+  dim 1, w2 dim 2) and the shared experts' (one FeedForward, column/row-wise) into equal shards;
+- pipeline stages as ``pipeline_llm`` makes them: the embedding and the output count as one
+  layer each, pp x interleave stages need a ``pipeline_parallel_layers_per_stage`` that makes
+  exactly that many (1F1B: one a rank);
+- the FSDP/HSDP mesh: dp_replicate x dp_shard x cp x tp x pp = world (``ParallelDims._validate``,
+  true of every Layout); HSDP needs a shard group (dp_shard x cp > 1), else torchtitan runs
+  DDP, which it refuses beside TP/PP/CP (``supports``); the sparse mesh's efsdp =
+  dp_shard x cp / ep is whole because EP divides dp and HSDP is never combined with EP.
+
+NxD replicates KV heads (TP a multiple of the KV heads), which the cost model charges
+(``cost.memory.kv_replica_params``).
 """
 
 from __future__ import annotations
@@ -42,7 +63,9 @@ import functools
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.layout import DIMS, EVERY_NTH, RECOMPUTE, Layout
+from trnopt.optimizer.model.layoutfile import FRAMEWORKS
+from trnopt.optimizer.model.layout import DIMS, EVERY_NTH, RECOMPUTE, Layout, Rules, tp_problems
+from trnopt.optimizer.model.workload import Workload
 from trnopt.optimizer.model.placement import chip_coordinates, instance_prefix, instance_ranks, rank_of
 from trnopt.optimizer.model.target import Target
 
@@ -108,6 +131,11 @@ class FrameworkProfile:
     """``trnopt solve --format`` values that write this framework's files."""
     expert_and_context: bool = True
     """Whether trnopt's EP groups (one cp coordinate) can be combined with CP > 1."""
+    rules: Rules = Rules()
+    """The structural rules its code puts on a layout (``Layout.workload_problems``); the search
+    receives them as ``Problem.rules``."""
+    sources: tuple[tuple[str, str], ...] = ()
+    """(workload_problems key, the framework's file that enforces the rule): where each rule comes from."""
 
     @property
     def interleaved(self) -> bool:
@@ -122,8 +150,9 @@ class FrameworkProfile:
             return self.interleaved_schedule
         return self.plain_schedule
 
-    def supports(self, layout: Layout) -> str | None:
-        """None when the framework offers every decision of the layout (placement aside), else why not."""
+    def supports(self, layout: Layout, workload: Workload) -> str | None:
+        """None when the framework runs the layout on this workload (placement aside), else the first
+        rule it breaks: a sentence naming the rule and the framework's file it comes from."""
         if layout.zero not in self.zero_stages:
             return f"{self.name} runs ZeRO stage(s) {', '.join(map(str, self.zero_stages))}, not ZeRO-{layout.zero}"
         if layout.recompute not in self.recompute:
@@ -136,6 +165,18 @@ class FrameworkProfile:
                 and layout.cp == 1:
             return ("torchtitan runs dp_replicate = dp with nothing to shard as DDP, which it supports only "
                     "without TP/PP/CP (torchtitan/models/llama3/infra/parallelize.py), not as ZeRO-3")
+        return self.rules_broken(layout, workload)
+
+    def rules_broken(self, layout: Layout, workload: Workload) -> str | None:
+        """The first structural rule (heads, KV heads, sequence split, experts, pipeline stages) of this
+        framework's code the layout breaks on this workload, naming the file; None when all hold."""
+        problems = layout.workload_problems(workload, self.rules)
+        if problems:
+            key, rule = problems[0]
+            if key == "tp":  # which of TP's rules: the heads', the KV heads' or the experts'
+                key = tp_problems(workload.model, layout.tp, self.rules)[0][0]
+            where = dict(self.sources).get(key)
+            return f"{self.name} cannot run {workload.model.name} so: {rule}" + (f" ({where})" if where else "")
         return None
 
     def producible(self, layout: Layout, target: Target) -> str | None:
@@ -187,6 +228,19 @@ class FrameworkProfile:
                 "core binding places it")
 
 
+# Where torchtitan 0.2.2 enforces each rule of TORCHTITAN.rules (paths in pytorch/torchtitan; module docstring)
+TORCHTITAN_SOURCES = (
+    ("heads", "torchtitan/models/llama3/model/model.py Attention.forward; deepseek_v3/infra/parallelize.py"),
+    ("kv_heads", "torchtitan/models/llama3/infra/parallelize.py apply_tp, model/model.py Attention.forward"),
+    ("experts", "torchtitan/distributed/expert_parallel.py ExpertTensorParallel"),
+    ("shared_experts", "torchtitan/models/llama4/infra/parallelize.py apply_moe_ep_tp, models/moe/moe.py"),
+    ("cp", "torchtitan/distributed/parallel_dims.py seq_len_divisor, asserted in "
+           "models/llama3/infra/parallelize.py"),
+    ("ep", "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch"),
+    ("pp", "torchtitan/distributed/pipeline_parallel.py pipeline_llm, generate_llm_fqn_per_model_part"),
+    ("interleave", "torchtitan/distributed/pipeline_parallel.py pipeline_llm, generate_llm_fqn_per_model_part"),
+)
+
 TORCHTITAN = FrameworkProfile(
     name="torchtitan",
     version="0.2.2 (TorchTitan Neuron 0.2.2+neuron.1)",
@@ -206,6 +260,8 @@ TORCHTITAN = FrameworkProfile(
     rank_order=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
     formats=("torchtitan", "env"),
     expert_and_context=False,
+    rules=Rules(kv_replication=False, seq_split=2, even_expert_shards=True, stage_weights=(1, 1)),
+    sources=TORCHTITAN_SOURCES,
 )
 
 NXD = FrameworkProfile(
@@ -219,6 +275,10 @@ NXD = FrameworkProfile(
     hsdp=False,
     rank_order=("pp", "dp", "tp"),
     formats=("nxd", "env"),
+    # GQAQKVColumnParallelLinear replicates K/V kv_size_multiplier times (= tp / kv_heads), charged by the
+    # cost model (memory.kv_replica_params); heads still divide by TP
+    rules=Rules(kv_replication=True),
+    sources=(("kv_heads", "neuronx_distributed/modules/qkv_linear.py GQAQKVColumnParallelLinear, kv_size_multiplier"),),
 )
 
 PROFILES = {p.name: p for p in (TORCHTITAN, NXD)}
@@ -230,6 +290,16 @@ def profile(name: str) -> FrameworkProfile:
     if name not in PROFILES:
         raise InputError("--framework", "framework", f"unknown framework {name!r}; one of {', '.join(PROFILES)}")
     return PROFILES[name]
+
+
+def check_runs(layout: Layout, workload: Workload, name: str | None, source: str) -> None:
+    """InputError(source, "framework", the rule) when framework ``name`` cannot run the layout; with no
+    name (a layout written without one), the default framework's structural rules only, since such a
+    layout's ZeRO stage and recomputation were not chosen for a framework."""
+    framework = profile(name or DEFAULT)
+    why = framework.supports(layout, workload) if name else framework.rules_broken(layout, workload)
+    if why:
+        raise InputError(source, "framework", why if name else f"{why}; {DEFAULT} is the default --framework")
 
 
 # -- the rank order under torchrun --------------------------------------------------------------
@@ -319,6 +389,7 @@ def check_recompute_modes() -> None:
     """Every profile names only recompute modes the Layout knows (import-time sanity)."""
     for p in PROFILES.values():
         assert set(p.recompute) <= set(RECOMPUTE), p.name
+    assert set(PROFILES) == set(FRAMEWORKS), "layout files name the frameworks trnopt has profiles of"
 
 
 check_recompute_modes()

@@ -164,7 +164,7 @@ def header(workload: Workload, target: Target, layout: Layout, e: Evaluation | N
     if e is not None:
         lines.append(f"# modelled: {e.step.total:.3f} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {100 * e.mfu:.1f}%, "
                      f"{e.memory.total / GIB:.1f} of {e.usable_bytes / GIB:.1f} GiB/chip")
-    for w in warnings(target, layout):
+    for w in warnings(workload, target, layout):
         lines.append(f"# WARNING: {w}")
     if lay.interleave > 1 and layers_per_stage(workload.model.layers, lay.pp * lay.interleave) is None:
         lines.append(f"# WARNING: no pipeline_parallel_layers_per_stage gives {lay.pp * lay.interleave} virtual stages "
@@ -175,9 +175,9 @@ def header(workload: Workload, target: Target, layout: Layout, e: Evaluation | N
     return lines
 
 
-def warnings(target: Target, layout: Layout) -> list[str]:
+def warnings(workload: Workload, target: Target, layout: Layout) -> list[str]:
     """What torchtitan cannot run of this layout (empty when it runs as planned)."""
-    return [w for w in (TORCHTITAN.supports(layout), TORCHTITAN.producible(layout, target)) if w]
+    return [w for w in (TORCHTITAN.supports(layout, workload), TORCHTITAN.producible(layout, target)) if w]
 
 
 def job_toml(workload: Workload, target: Target, layout: Layout, e: Evaluation | None = None) -> str:
@@ -209,4 +209,4 @@ def render(workload: Workload, target: Target, e: Evaluation) -> tuple[str, list
     text = job_toml(workload, target, lay, e)
     text += "\n# The same as command-line overrides (torchtitan 0.2.x and later):\n"
     text += "# " + " \\\n#   ".join(overrides(workload, target, lay)) + "\n"
-    return text, warnings(target, lay)
+    return text, warnings(workload, target, lay)

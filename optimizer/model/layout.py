@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.target import Axis
-from trnopt.optimizer.model.workload import Workload
+from trnopt.optimizer.model.workload import Model, Workload
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 EVERY_NTH = (2, 4)
@@ -25,6 +25,40 @@ EVERY_NTH = (2, 4)
 others not (torchtitan's activation_checkpoint mode "selective" with selective_ac_option "n":
 torchtitan/distributed/activation_checkpoint.py wraps the i-th block when i % n == 0)."""
 RECOMPUTE = ("none", "selective", "mlp", "full") + tuple(f"every-{n}" for n in EVERY_NTH)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The structural rules a training framework's code puts on a layout, beyond the model's own.
+
+    The defaults are the permissive ones (Megatron-style GQA replication, any CP degree that
+    divides the sequence, ``pp * interleave <= layers``); a framework profile
+    (frameworks/profile.py) states its own and names the file each comes from.
+    """
+
+    kv_replication: bool = True
+    """TP past the KV head count replicates every KV head on tp / kv_heads ranks (NxD's
+    ``kv_size_multiplier``); False: TP must divide the KV heads (wk/wv sharded column-wise by heads)."""
+    seq_split: int = 1
+    """The sequence is cut into seq_split x tp x cp equal pieces: 2 under torchtitan (sequence
+    parallelism cuts it by tp, load-balanced context parallelism into 2 x cp chunks), 1: cp | seq."""
+    even_expert_shards: bool = False
+    """Expert TP (= TP) cuts the routed and the shared experts' FFN width into equal shards."""
+    stage_weights: tuple[int, int] | None = None
+    """(first, last): the pipeline split counts the embedding and the output as this many layers and
+    makes ``ceil((layers + first + last) / layers_per_stage)`` stages (torchtitan); None: pp x
+    interleave stages of ceil(layers / stages) layers."""
+
+    def stages_ok(self, layers: int, pp: int, interleave: int) -> bool:
+        """Whether pp x interleave pipeline stages can be made of ``layers`` layers."""
+        stages = pp * interleave
+        if self.stage_weights is None or pp == 1:
+            return stages <= layers
+        effective = layers + sum(self.stage_weights)
+        if stages > effective or effective // stages < max(self.stage_weights):
+            return False
+        # some layers_per_stage n gives exactly this many stages: ceil(effective / n) == stages
+        return interleave == 1 or any(-(-effective // n) == stages for n in range(1, effective + 1))
 
 
 def every_nth(recompute: str) -> int:
@@ -198,20 +232,22 @@ class Layout:
                 rows.append(f"{dim}: {' '.join(spans)}")
         return "; ".join(rows)
 
-    def workload_problems(self, workload: Workload) -> list[tuple[str, str]]:
-        """(key, rule) of every rule that ties the layout to the model; empty when it can run it."""
+    def workload_problems(self, workload: Workload, rules: Rules = Rules()) -> list[tuple[str, str]]:
+        """(key, rule) of every rule that ties the layout to the model (and, by ``rules``, to what a
+        framework's code accepts); empty when it can run it."""
         m, t, out = workload.model, workload.training, []
-        if m.heads % self.tp or (m.kv_heads % self.tp and self.tp % m.kv_heads):
-            out.append(("tp", f"tp={self.tp} must divide the {m.heads} attention heads and divide or be a multiple "
-                        f"of the {m.kv_heads} KV heads"))
-        if self.pp * self.interleave > m.layers:
-            out.append(("pp", f"pp*interleave={self.pp * self.interleave} exceeds the {m.layers} layers"))
+        out += [("tp", rule) for _, rule in tp_problems(m, self.tp, rules)]
+        if not rules.stages_ok(m.layers, self.pp, self.interleave):
+            out.append(("interleave" if self.interleave > 1 else "pp",
+                        f"pp*interleave={self.pp * self.interleave} pipeline stages cannot be made of the {m.layers} "
+                        "layers" + (f" (the embedding and the output count as {rules.stage_weights[0]} and "
+                                    f"{rules.stage_weights[1]} layers)" if rules.stage_weights else "")))
         if m.moe is None and self.ep > 1:
             out.append(("ep", f"ep={self.ep} on a dense model"))
         if m.moe is not None and m.moe.experts % self.ep:
-            out.append(("ep", f"ep={self.ep} must divide the {m.moe.experts} experts"))
-        if t.seq % self.cp:
-            out.append(("cp", f"cp={self.cp} must divide the sequence {t.seq}"))
+            out.append(("ep", f"ep={self.ep} must divide the {m.moe.experts} routed experts"))
+        if split := seq_problem(t.seq, self.tp, self.cp, rules):
+            out.append(("cp", split))
         if t.global_batch % (self.dp * self.micro_batch):
             out.append(("dp", f"dp*micro_batch={self.dp}*{self.micro_batch} must divide the global batch "
                         f"{t.global_batch}"))
@@ -222,6 +258,35 @@ class Layout:
             out.append(("recompute", f"recompute {self.recompute} needs {n} to divide the {stage} layers of a "
                         "pipeline stage"))
         return out
+
+
+def tp_problems(m: Model, tp: int, rules: Rules = Rules()) -> list[tuple[str, str]]:
+    """(what, rule) of what stops ``tp`` from sharding the model's heads (and, under ``rules``, its
+    experts) evenly; what is "heads", "kv_heads", "experts" or "shared_experts"."""
+    out = []
+    if m.heads % tp:
+        out.append(("heads", f"tp={tp} must divide the {m.heads} attention heads"))
+    elif m.mla is None and m.kv_heads % tp and (not rules.kv_replication or tp % m.kv_heads):
+        out.append(("kv_heads", f"tp={tp} must divide the {m.kv_heads} KV heads" + (
+            " or be a multiple of them (each KV head replicated)" if rules.kv_replication else
+            " (wk and wv are sharded by whole heads; no KV-head replication)")))
+    if rules.even_expert_shards and m.moe is not None:
+        for kind, what, width in (("experts", "routed experts' FFN width", m.moe.expert_ffn),
+                                  ("shared_experts", "shared experts' FFN width",
+                                   m.moe.shared_experts * m.moe.expert_ffn)):
+            if width % tp:
+                out.append((kind, f"tp={tp} must divide the {what} {width} (expert TP = TP)"))
+    return out
+
+
+def seq_problem(seq: int, tp: int, cp: int, rules: Rules = Rules()) -> str | None:
+    """What stops the sequence from being cut as the rules cut it: cp | seq, or under
+    ``seq_split`` > 1, (seq_split x tp x cp) | seq."""
+    if rules.seq_split == 1:
+        return None if seq % cp == 0 else f"cp={cp} must divide the sequence {seq}"
+    split = rules.seq_split * tp * cp
+    return None if seq % split == 0 else (f"the sequence {seq} must be divisible by {rules.seq_split} x tp x cp = "
+                                          f"{rules.seq_split} x {tp} x {cp} = {split}")
 
 
 def default_placement(axes: tuple[Axis, ...], degrees: dict[str, int]) -> tuple[tuple[int, ...], ...]:

@@ -13,6 +13,8 @@ from trnopt.optimizer.model.target import Target, check_domains, load_target
 from trnopt.optimizer.model.tomlcheck import Table
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
+FRAMEWORKS = ("torchtitan", "nxd")  # the --framework names a layout file may carry (frameworks/profile.py)
+
 
 def layout_dict(layout: Layout) -> dict:
     """The decisions of a layout; ``placement`` maps dimension -> axis -> factor (factors > 1)."""
@@ -25,10 +27,19 @@ def layout_dict(layout: Layout) -> dict:
     }
 
 
-def problem_dict(target_ref: str, model_ref: str, workload: Workload, domains: int) -> dict:
-    """Enough to rebuild the problem: the target and model as the user named them (preset or path)."""
+def problem_dict(target_ref: str, model_ref: str, workload: Workload, domains: int,
+                 framework: str | None = None) -> dict:
+    """Enough to rebuild the problem: the target and model as the user named them (preset or path),
+    and the framework the layout was chosen for, when one was."""
     return {"target": target_ref, "model": model_ref, "domains": domains,
-            "seq": workload.training.seq, "global_batch": workload.training.global_batch}
+            "seq": workload.training.seq, "global_batch": workload.training.global_batch,
+            **({"framework": framework} if framework else {})}
+
+
+def layout_framework(path: str) -> str | None:
+    """The framework a layout file names (``problem.framework``, checked by read_layout), or None."""
+    problem = parse_json(path, read_text(path, "--layout")).get("problem")
+    return problem.get("framework") if isinstance(problem, dict) else None
 
 
 def read_layout(path: str) -> tuple[Target, Workload, Layout]:
@@ -52,6 +63,8 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
     except InputError as exc:
         raise InputError(path, f"problem.{exc.key}", exc.rule) from None
     domains = problem.int("domains", maximum=MAX_DOMAINS)
+    if problem.has("framework"):
+        problem.choice("framework", FRAMEWORKS)
     check_domains(target, domains, path, "problem.domains")
     lnc = lay.int("lnc", maximum=target.chip.physical_cores)
     if lnc not in target.chip.lnc_allowed:

@@ -144,7 +144,7 @@ class SpaceBounds:
         dp, pp = degrees["ep"] * degrees["edp"], degrees["pp"]
         sizes = tuple(b for b in space.micro_batches if batch % (dp * b) == 0)
         counts = tuple(batch // (dp * b) for b in sizes)
-        interleaves = (1,) + tuple(v for v in self.lm.interleaves if v > 1 and pp > 1 and pp * v <= layers
+        interleaves = (1,) + tuple(v for v in self.lm.interleaves if v > 1 and pp > 1 and space.stages_ok(pp, v)
                                    and any(m % pp == 0 for m in counts))
         recompute = tuple(rc for rc in self.lm.recompute_values
                           if not every_nth(rc) or math.ceil(layers / pp) % every_nth(rc) == 0)

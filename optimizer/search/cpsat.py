@@ -178,7 +178,6 @@ class LayoutModel(IntModel):
     # -- constraints ----------------------------------------------------------------------------
     def _constraints(self):
         space, md = self.space, self.model
-        layers = self.problem.workload.model.layers
         for j, axis in enumerate(space.axes):
             divs = self.axis_divisors[j]
             for p, e in prime_exponents(axis.size).items():
@@ -211,8 +210,8 @@ class LayoutModel(IntModel):
                 if v == 1:
                     continue
                 for value, pp_lit in zip(self.degree_values["pp"], self.deg["pp"]):
-                    # interleaving needs pipeline stages, and a layer per virtual stage
-                    if value == 1 or value * v > layers:
+                    # interleaving needs pipeline stages, made of the layers as the framework splits them
+                    if value == 1 or not self.space.stages_ok(value, v):
                         md.add_bool_or([pp_lit.Not(), v_lit.Not()])
                 # interleaved 1F1B runs the micro-batches in groups of pp
                 md.add_modulo_equality(0, self.m.expr, pp.expr).only_enforce_if(v_lit)

@@ -333,7 +333,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
     result, seen = [], {lay}
     base = p.score(best)
     for name, alt in out:
-        if alt in seen or alt.workload_problems(p.workload):
+        if alt in seen or alt.workload_problems(p.workload, p.rules):
             continue
         seen.add(alt)
         e = p.evaluate(alt)

@@ -28,7 +28,7 @@ def greedy_layout(space: Space) -> Layout | None:
                                     micro_batch=1, lnc=space.lnc)
                 except InputError:  # the degrees may not tile these axes; try the next
                     continue
-                if layout.workload_problems(p.workload):
+                if layout.workload_problems(p.workload, p.rules):
                     continue
                 if p.instance_blocks and not instance_blocks_hold(space.axes, rows, p.target.chips_per_instance):
                     continue

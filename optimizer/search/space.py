@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.layout import DIMS, Layout, seq_problem, tp_problems
 from trnopt.optimizer.cost.collectives import Span, link_class
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.placement import instance_prefix
@@ -41,11 +41,13 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(small + large[::-1])
 
 
-def tp_degrees(heads: int, kv_heads: int, ranks: int) -> tuple[int, ...]:
-    """TP degrees a model admits on ``ranks`` ranks: d | ranks, d | heads, and d | kv_heads
-    or kv_heads | d (each rank holds whole query heads; past the KV head count every KV
-    head is replicated on d / kv_heads ranks, as Megatron-LM's GQA tensor parallelism does)."""
-    return tuple(d for d in divisors(ranks) if heads % d == 0 and (kv_heads % d == 0 or d % kv_heads == 0))
+def tp_degrees(heads: int, kv_heads: int, ranks: int, kv_replication: bool = True) -> tuple[int, ...]:
+    """TP degrees a model admits on ``ranks`` ranks: d | ranks, d | heads, and d | kv_heads or,
+    with ``kv_replication``, kv_heads | d (each rank holds whole query heads; past the KV head
+    count every KV head is replicated on d / kv_heads ranks, as Megatron-LM's GQA tensor
+    parallelism and NxD's ``kv_size_multiplier`` do; torchtitan has no replication)."""
+    return tuple(d for d in divisors(ranks) if heads % d == 0
+                 and (kv_heads % d == 0 or (kv_replication and d % kv_heads == 0)))
 
 
 def group_spans(axes: tuple[Axis, ...], degrees: tuple[int, ...]) -> dict[tuple[int, str], Span]:
@@ -131,13 +133,25 @@ class Space:
 
     @cached_property
     def degrees(self) -> dict[str, tuple[int, ...]]:
-        """Candidate degrees per placement dimension (dp here is dp // ep, the expert replicas)."""
-        m, tr, r = self.problem.workload.model, self.problem.workload.training, self.ranks
-        tp = tp_degrees(m.heads, m.kv_heads, r)
-        cp = tuple(d for d in divisors(r) if tr.seq % d == 0 and d <= CP_MAX) if tr.seq >= CP_MIN_SEQ else (1,)
+        """Candidate degrees per placement dimension (dp here is dp // ep, the expert replicas), after
+        the model's and the framework's rules on single degrees (``Layout.workload_problems`` with
+        ``Problem.rules``). The rule on tp and cp together (the sequence cut into seq_split x tp x cp
+        pieces) is held for every pair: a cp degree is kept when it holds with every tp candidate,
+        which drops nothing for the usual power-of-two sequences and keeps CP-SAT's one-hots
+        independent."""
+        m, tr, r, rules = self.problem.workload.model, self.problem.workload.training, self.ranks, self.problem.rules
+        tp = tuple(d for d in tp_degrees(m.heads, m.kv_heads if m.mla is None else m.heads, r, rules.kv_replication)
+                   if not tp_problems(m, d, rules) and not seq_problem(tr.seq, d, 1, rules))
+        cp = (1,)
+        if tr.seq >= CP_MIN_SEQ:
+            cp = tuple(d for d in divisors(r) if d <= CP_MAX and all(not seq_problem(tr.seq, t, d, rules) for t in tp))
         ep = tuple(d for d in divisors(r) if m.moe and m.moe.experts % d == 0) or (1,)
-        pp = tuple(d for d in divisors(r) if d <= m.layers)
+        pp = tuple(d for d in divisors(r) if rules.stages_ok(m.layers, d, 1))
         return {"tp": tp, "cp": cp, "ep": ep, "dp": divisors(r), "pp": pp}
+
+    def stages_ok(self, pp: int, interleave: int) -> bool:
+        """Whether pp x interleave pipeline stages can be made of the model's layers under the rules."""
+        return self.problem.rules.stages_ok(self.problem.workload.model.layers, pp, interleave)
 
     @property
     def interleaves(self) -> tuple[int, ...]:
@@ -200,7 +214,7 @@ class Space:
                 layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"] * deg["ep"], ep=deg["ep"], cp=deg["cp"],
                                 axes=self.axes, placement=rows, zero=zero, recompute=rc, micro_batch=b,
                                 interleave=v, lnc=self.lnc, dp_replicate=replicas if hsdp else 1)
-                if layout.workload_problems(workload):
+                if layout.workload_problems(workload, self.problem.rules):
                     continue
                 if self.problem.instance_blocks and not instance_blocks_hold(
                         self.axes, rows, self.problem.target.chips_per_instance):

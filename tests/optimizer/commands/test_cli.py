@@ -24,10 +24,12 @@ def test_targets_lists_every_builtin(capsys):
 
 
 def test_evaluate_json_keys(capsys):
+    # TP64 past Llama 3 405B's 8 KV heads (ZeRO-1): a layout of NxD's, which replicates KV heads
     code, out, _ = run(capsys, "evaluate", "--tp", "64", "--pp", "4", "--dp", "2", "--recompute", "full",
-                       "--ultraservers", "2", "--json", "-")
+                       "--ultraservers", "2", "--framework", "nxd", "--json", "-")
     assert code == 0
     data = json.loads(out)
+    assert data["problem"]["framework"] == "nxd"
     for key in ("memory_gib_per_chip", "memory_breakdown_gib", "step_time_s", "step_breakdown_s", "tokens_per_s",
                 "mfu", "fits"):
         assert key in data

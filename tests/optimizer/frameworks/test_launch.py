@@ -190,8 +190,9 @@ def test_run_node_starts_torchrun_with_the_static_rendezvous(tmp_path):
 def test_a_jobset_kubernetes_cannot_store_is_refused_before_any_file_is_built():
     # 256 UltraServers = 1,024 node ranks: one replicated job each passes etcd's 1.5 MiB object limit
     target = load_target("trn2u")
-    lay = build(target, 256, {"tp": {"core": 4, "x": 4}, "dp": {"y": 4, "ring": 4, "efa": 256}}, recompute="full")
-    w = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=4096))
+    lay = build(target, 256, {"tp": {"core": 4, "x": 2}, "dp": {"x": 2, "y": 4, "ring": 4, "efa": 256}},
+                recompute="full")  # TP8: torchtitan shards the 8 KV heads, it cannot replicate them
+    w = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=8192))
     with pytest.raises(InputError, match="1.5 MiB a Kubernetes object may hold"):
         L.plan(w, target, lay, "k8s", "python -m torchtitan.train", "layout.json")
     assert L.plan(w, target, lay, "slurm", "python -m torchtitan.train", "layout.json").nodes == 1024

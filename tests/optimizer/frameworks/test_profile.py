@@ -12,7 +12,11 @@ from trnopt.optimizer.frameworks import profile as P
 from trnopt.optimizer.model.placement import rank_map
 from trnopt.optimizer.model.target import load_target
 
+from trnopt.optimizer.model.workload import Training, Workload, load_model
+
 from .layouts import build, deepseek_trn3_gen2, llama8b_trn2, llama405b_trn2u_x2, random_layout
+
+W405 = Workload(load_model("llama3-405b"), Training())
 
 
 def test_profiles_are_frozen_and_named():
@@ -29,20 +33,20 @@ def test_torchtitan_runs_fsdp_with_hsdp_and_its_schedules():
     assert tt.zero_stages == (3,) and tt.hsdp and tt.interleaved and {"every-2", "every-4"} <= set(tt.recompute)
     assert {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"} <= set(tt.schedules)
     t, lay = llama405b_trn2u_x2()
-    assert tt.supports(lay) is None
+    assert tt.supports(lay, W405) is None
     assert tt.schedule(lay) == "1F1B"
-    assert "ZeRO-1" in tt.supports(replace(lay, zero=1, dp_replicate=1))
+    assert "ZeRO-1" in tt.supports(replace(lay, zero=1, dp_replicate=1), W405)
     # all of dp replicated, nothing sharded: torchtitan would run DDP, which it cannot with TP
     ddp = build(t, 2, {"tp": {"core": 4, "x": 4, "y": 4}, "pp": {"ring": 4}, "dp": {"efa": 2}}, dp_replicate=2)
-    assert ddp.dp_shard == 1 and "DDP" in tt.supports(ddp)
+    assert ddp.dp_shard == 1 and "DDP" in tt.supports(ddp, W405)
 
 
 def test_nxd_runs_zero1_without_hsdp():
     t, lay = llama405b_trn2u_x2()
     assert P.NXD.zero_stages == (0, 1) and not P.NXD.hsdp
-    assert "HSDP" in P.NXD.supports(replace(lay, zero=1))
-    assert P.NXD.supports(replace(lay, zero=1, dp_replicate=1)) is None
-    assert "ZeRO-3" in P.NXD.supports(replace(lay, dp_replicate=1))
+    assert "HSDP" in P.NXD.supports(replace(lay, zero=1), W405)
+    assert P.NXD.supports(replace(lay, zero=1, dp_replicate=1), W405) is None
+    assert "ZeRO-3" in P.NXD.supports(replace(lay, dp_replicate=1), W405)
 
 
 def test_schedule_names_follow_interleave():
@@ -52,7 +56,7 @@ def test_schedule_names_follow_interleave():
     assert P.NXD.schedule(lay) == "interleaved 1F1B"
     assert P.TORCHTITAN.schedule(replace(lay, interleave=1)) == "1F1B"
     no_interleave = replace(P.NXD, interleaved_schedule=None)
-    assert "interleaved" in no_interleave.supports(replace(lay, zero=1))
+    assert "interleaved" in no_interleave.supports(replace(lay, zero=1), W405)
 
 
 @pytest.mark.parametrize("shape", [llama405b_trn2u_x2, deepseek_trn3_gen2, llama8b_trn2])

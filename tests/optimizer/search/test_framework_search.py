@@ -50,20 +50,22 @@ def test_every_layout_proposed_under_torchtitan_is_producible_and_optimal_among_
                          "ffn": 1024, "vocab": 1000}, "hypothesis")
     problem = Problem(Workload(model, Training(seq=512, global_batch=12)), target, domains,
                       zero_stages=TORCHTITAN.zero_stages, recompute=TORCHTITAN.recompute,
-                      interleave=TORCHTITAN.interleaved, hsdp=TORCHTITAN.hsdp, instance_blocks=True)
+                      interleave=TORCHTITAN.interleaved, hsdp=TORCHTITAN.hsdp, rules=TORCHTITAN.rules,
+                      instance_blocks=True)
     result = solve_space(Space(problem, 1), time_limit=30, workers=1)
     assert result.status in ("OPTIMAL", "INFEASIBLE")
     # the referee enumerates the same space (the same block rule, HSDP included); every layout in
     # it is one the framework runs and its launch can produce
     best = brute_force(problem).best
     for layout in Space(problem, 1).layouts():
-        assert TORCHTITAN.supports(layout) is None, layout.describe()
+        assert TORCHTITAN.supports(layout, problem.workload) is None, layout.describe()
         assert TORCHTITAN.producible(layout, target) is None, layout.placement_text()
     if best is None:
         assert result.status == "INFEASIBLE"
         return
     assert result.status == "OPTIMAL"
     assert TORCHTITAN.producible(result.evaluation.layout, target) is None, result.evaluation.layout.placement_text()
+    assert TORCHTITAN.supports(result.evaluation.layout, problem.workload) is None
     assert problem.score(best) * (1 - 1e-12) <= result.objective <= problem.score(best) * (1 + 1e-9) + result.rounding
 
 
@@ -98,11 +100,11 @@ def test_hsdp_is_chosen_where_it_wins_and_the_same_layout_without_it_is_slower()
     problem = Problem(Workload(load_model("llama3-70b"), Training(seq=1024, global_batch=1024)),
                       load_target("trn3-gen2"), 4, zero_stages=TORCHTITAN.zero_stages,
                       recompute=TORCHTITAN.recompute, interleave=TORCHTITAN.interleaved, hsdp=TORCHTITAN.hsdp,
-                      instance_blocks=True)
+                      rules=TORCHTITAN.rules, instance_blocks=True)
     result = solve_space(Space(problem, 2), time_limit=120, workers=1, deterministic_limit=30)
     hsdp = result.evaluation.layout
     assert hsdp.dp_replicate == 4 and hsdp.dp_shard > 1, hsdp.describe()
-    assert TORCHTITAN.supports(hsdp) is None and TORCHTITAN.producible(hsdp, problem.target) is None
+    assert TORCHTITAN.supports(hsdp, problem.workload) is None and TORCHTITAN.producible(hsdp, problem.target) is None
     plain = problem.evaluate(replace(hsdp, dp_replicate=1))
     assert plain.step.zero3 > 10 * result.evaluation.step.zero3
     assert problem.score(plain) > problem.score(result.evaluation)
