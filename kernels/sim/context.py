@@ -129,6 +129,7 @@ class CoreContext:
         self._span: dict[int, list] = {}  # on-chip alloc id -> [first, last access, buffer, bytes, label]
         self._labels: list[str] = []  # op of each instruction, in issue order
         self._names: dict[int, str] = {}  # name= of the instructions that have one
+        self._touched: list[int] = []  # SBUF bytes per partition each instruction touches
         self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
         self.inputs: set[int] = set()
         self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit),
@@ -214,29 +215,68 @@ class CoreContext:
         each on-chip tensor from its first to its last access (as the compiler allocates: a
         tensor no later instruction touches takes no space, whatever Python still refers to).
         Limits: SBUF ``sbuf_limit``; PSUM 8 banks of 2 KiB (tiles smaller than a bank share
-        one; a matmul result must fit in one bank, checks.matmul). Run when the program ends."""
-        limits = {MemoryRegion.sbuf: (self.sbuf_limit, f"{self.sbuf_limit // 1024} KiB"),
-                  MemoryRegion.psum: (rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES,
-                                      f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")}
-        for buffer, (limit, what) in limits.items():
-            spans = [sp for sp in self._span.values() if sp[2] is buffer]
-            if sum(sp[3] for sp in spans) <= limit:
-                continue
-            events = sorted([(sp[0], sp[3]) for sp in spans] + [(sp[1] + 1, -sp[3]) for sp in spans],
-                            key=lambda e: (e[0], e[1]))
-            used = peak = 0
-            at = -1
-            for seq, delta in events:
-                used += delta
-                if used > peak:
-                    peak, at = used, seq
-            if peak > limit:
-                live = sorted((sp for sp in spans if sp[0] <= at <= sp[1]), key=lambda sp: -sp[3])
-                largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
-                raise ConstraintError(
-                    f"{self.where(self._labels[at], self._names.get(at))}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
-                    f"partition > {limit} ({what}); {len(live)} tensors live from first to last use, largest: "
-                    f"{largest}")
+        one; a matmul result must fit in one bank, checks.matmul). Run when the program ends.
+
+        SBUF over capacity is spilled, as the compiler does: "If the total size of the live
+        data ... overflows the capacity of any on-chip memory, the Neuron compiler will
+        insert the necessary spills or refills between that memory and the next-tier memory"
+        ("NKI memory hierarchy overview"). Where live tensors exceed the limit, the tensor
+        live there whose last use is latest is spilled (saved to HBM once and reloaded once),
+        until the rest fit; the traffic is timed by ``CoreTimeline.spill``. Refused: PSUM over
+        capacity, and SBUF where the tensors an instruction itself touches exceed the limit
+        (nothing can be spilled there)."""
+        psum_limit = rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES
+        spans = [sp for sp in self._span.values() if sp[2] is MemoryRegion.psum]
+        peak, at, live = _peak(spans)
+        if peak > psum_limit:
+            self._over_capacity(MemoryRegion.psum, peak, at, live, psum_limit,
+                                f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")
+        spans = [sp for sp in self._span.values() if sp[2] is MemoryRegion.sbuf]
+        if sum(sp[3] for sp in spans) <= self.sbuf_limit:
+            return
+        spilled = self._spill(spans)
+        if spilled:
+            self.timeline.spill(sum(sp[3] for sp in spilled) * rates.PMAX, len(spilled) * rates.PMAX)
+
+    def _spill(self, spans: list[list]) -> list[list]:
+        """The SBUF tensors spilled to bring every instruction under ``sbuf_limit``: sweep the
+        instructions in order; where live bytes exceed the limit, spill the live tensor not
+        touched there whose last use is latest. Refuses when none is left to spill."""
+        worst = max(range(len(self._touched)), key=self._touched.__getitem__, default=-1)
+        if worst >= 0 and self._touched[worst] > self.sbuf_limit:
+            self._over_capacity(MemoryRegion.sbuf, self._touched[worst], worst,
+                                [sp for sp in spans if sp[0] <= worst <= sp[1]], self.sbuf_limit,
+                                f"{self.sbuf_limit // 1024} KiB; the tensors this instruction touches alone "
+                                f"exceed it, so nothing can be spilled")
+        starts = sorted(range(len(spans)), key=lambda i: spans[i][0])
+        live: dict[int, list] = {}
+        used, j, spilled = 0, 0, []
+        for seq in sorted({sp[0] for sp in spans}):
+            for i in list(live):
+                if live[i][1] < seq:
+                    used -= live.pop(i)[3]
+            while j < len(starts) and spans[starts[j]][0] == seq:
+                live[starts[j]] = spans[starts[j]]
+                used += spans[starts[j]][3]
+                j += 1
+            while used > self.sbuf_limit:
+                idle = [i for i, sp in live.items() if sp[0] < seq < sp[1]]
+                if not idle:
+                    self._over_capacity(MemoryRegion.sbuf, used, seq, list(live.values()), self.sbuf_limit,
+                                        f"{self.sbuf_limit // 1024} KiB; the tensors this instruction "
+                                        f"touches alone exceed it, so nothing can be spilled")
+                victim = max(idle, key=lambda i: live[i][1])
+                used -= live[victim][3]
+                spilled.append(live.pop(victim))
+        return spilled
+
+    def _over_capacity(self, buffer: MemoryRegion, peak: int, at: int, live: list, limit: int, what: str) -> None:
+        live = sorted(live, key=lambda sp: -sp[3])
+        largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
+        raise ConstraintError(
+            f"{self.where(self._labels[at], self._names.get(at))}: {buffer.name.upper()} over capacity: live tensors "
+            f"need {peak} bytes per partition > {limit} ({what}); {len(live)} tensors live from first to last use, "
+            f"largest: {largest}")
 
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
         """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
@@ -299,6 +339,7 @@ class CoreContext:
         if name is not None:
             self._names[seq] = name
         span = self._span
+        touched: dict[int, int] = {}
         for views in (reads, writes):
             for v in views:
                 a = v.alloc
@@ -308,6 +349,9 @@ class CoreContext:
                         span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]
                     else:
                         sp[1] = seq
+                    if a.buffer is MemoryRegion.sbuf:
+                        touched[a.id] = a.bytes_per_partition
+        self._touched.append(sum(touched.values()))  # an int per instruction: the spill check's floor
         if self.lnc > 1:
             self.shared_hbm.access(self.program, self.where(op, name), reads, writes)
 
@@ -356,6 +400,19 @@ def dma_shape(views: list[NkiTensor]) -> tuple[int, int]:
         if v.buffer.on_chip:
             partitions = min(partitions, v.partitions) if partitions != rates.PMAX else v.partitions
     return chunks, partitions
+
+
+def _peak(spans: list[list]) -> tuple[int, int, list]:
+    """(peak bytes, instruction index, spans live there) of [first, last, _, bytes, _] spans."""
+    events = sorted([(sp[0], sp[3]) for sp in spans] + [(sp[1] + 1, -sp[3]) for sp in spans],
+                    key=lambda e: (e[0], e[1]))
+    used = peak = 0
+    at = -1
+    for seq, delta in events:
+        used += delta
+        if used > peak:
+            peak, at = used, seq
+    return peak, at, [sp for sp in spans if sp[0] <= at <= sp[1]]
 
 
 def _refuse_oob(v: NkiTensor) -> None:

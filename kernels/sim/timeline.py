@@ -205,6 +205,18 @@ class CoreTimeline:
         self.occupy("DMA", data_start, end, op, name, busy_s=duration)
         return t0, end
 
+    def spill(self, nbytes: int, chunks: int) -> None:
+        """Spill traffic the compiler inserts (context.check_capacity): ``nbytes`` saved to HBM
+        and reloaded, in ``chunks`` contiguous pieces, on the core's DMA bandwidth. Timed as
+        bandwidth only: the kernel cannot end before its DMA bandwidth has carried its own
+        transfers and the spills, from its first DMA (the spills run in the bandwidth's idle
+        time; ASSUMPTION: they do not delay the instructions that use the spilled tensors)."""
+        t = 2 * rates.dma_transfer_seconds(nbytes, chunks)
+        first = min((a for a, _ in self.intervals.get("DMA", [])), default=0.0)
+        self.busy["DMA"] = self.busy.get("DMA", 0.0) + t
+        self.counts["DMA spill"] = self.counts.get("DMA spill", 0) + 2 * chunks
+        self.end_s = max(self.end_s, first + self.busy["DMA"])
+
     def dma_traffic(self, earliest: float, nbytes: int, op: str, name: str | None, span: float = 0.0) -> float:
         """Collective traffic of ``nbytes`` sent by this core's DMA engines from ``earliest``:
         it takes the same shared DMA bandwidth (and HBM port) as the compute DMAs, in the
