@@ -235,9 +235,10 @@ def simulate_ms(row: Row, scale: int = 1) -> float:
     return res.timeline.total_s * 1e3
 
 
-def table(rows=ROWS, scale: int = 1, out=sys.stdout) -> list[tuple[Row, float | None, str]]:
+def table(rows=ROWS, scale: int = 1, out=None) -> list[tuple[Row, float | None, str]]:
     """Simulate every row and print the side-by-side table; returns (row, simulated ms or
     None, error) per row."""
+    out = out or sys.stdout
     print("kernel                           shape                      gen   measured ms   simulated ms  "
           "sim/meas  source", file=out)
     results = []
