@@ -11,6 +11,15 @@ Sources (cited by page name):
   per NeuronCore-v4 (256 KiB per partition), PSUM unchanged.
 - "nki.language.tile_size": pmax 128, gemm_stationary_fmax 128, gemm_moving_fmax 512,
   psum_bank_fmax 512 FP32 elements (2 KiB), psum_num_banks 8.
+- "Trainium/Inferentia2 Architecture Guide for NKI" (NeuronCore-v2, trn1): engine clocks and
+  data paths, the VectorE cost model (one input N cycles, two 2N), ~60 cycles of tensor
+  access overhead, 16 DMA engines, "DMA buffers" (contiguous pieces) per transfer.
+- "NKI DMA overview" and "Guideline to Avoid Under-Utilizing DMA Bandwidth": 16 DMA engines
+  per NeuronCore at 17 / 23 / 33 B/ns (trn1 / trn2 / trn3), 8 partitions per engine, the
+  throughput-by-bytes-per-partition curve the per-chunk cost is fitted on.
+- "NKI Direct Allocation Developer Guide" (SDK 2.26): the compiler rotates a loop-body
+  tile through several physical tiles; "NKI memory hierarchy overview": the compiler
+  spills what overflows on-chip memory.
 - "Trainium2 Architecture" (Neuron docs): NeuronLink 1,024 GB/s per chip in the 4x4 torus
   (the sum of both axes, both directions); hop latency ~1-2 us intra-instance (ASSUMPTION:
   the order of magnitude of the Neuron collectives pages, not a published figure).
@@ -138,8 +147,6 @@ DMA_CURVE = ((2048, 0.81), (4096, 0.96), (8192, 0.98), (16384, 0.99), (32768, 1.
 # (num_slots=2) and nki.compiler.multi_buffer (factor=2).
 ROTATION_BUFFERS = 2
 PARTITIONS_PER_DMA_ENGINE = 8  # 128 partitions / 16 engines ("NKI DMA overview")
-# ASSUMPTION: a kernel launch costs the fixed time below before its first instruction; see
-# KERNEL_LAUNCH_S's source where it is defined.
 # ASSUMPTION: a core_barrier is a remote semaphore update plus a local wait ("nki.isa.core_barrier");
 # taken as one DMA semaphore-to-start latency.
 CORE_BARRIER_S = DMA_SEMAPHORE_TO_START_S
