@@ -15,7 +15,8 @@ installed, these modules otherwise): ``nki`` is ``trnopt.kernels.sim.nki``, ``nl
 
 Modules: ``language`` / ``tiles`` (nl), ``isa`` / ``isa_vector`` / ``isa_mx`` (nisa), ``constants``
 (nisa.constants), ``collectives`` (ncc), ``registers`` (runtime scalars), ``tensor``
-(views and access patterns), ``context`` (one core's memory and instruction issue),
+(views and access patterns), ``context`` (one core's memory and instruction issue), ``onchip``
+(on-chip addresses as the compiler assigns them: rotation, reuse hazards),
 ``lnc`` (the programs of a logical core: shared HBM, barriers, races), ``runner`` (ranks,
 grids, symmetric runs), ``rendezvous`` / ``watchdog`` (meeting and time bounds),
 ``timeline`` / ``rates`` (engines, DMA and link timing), ``checks`` (hardware rules),

@@ -5,7 +5,8 @@ Rules and sources: partition dim <= 128, matmul stationary free <= 128 and movin
 ("nki.isa.nc_matmul", "nki.language.tile_size"); PSUM 8 banks x 2 KiB and SBUF 224 KiB
 per partition (Trainium2 architecture guide); DMA cannot read PSUM, moves equal element counts and converts dtypes
 through float32 ("nki.isa.dma_copy"); kernel outputs
-live in shared_hbm ("nki.jit" / simulator guide); collectives take HBM or SBUF tensors, not a mix
+live in HBM, shared_hbm or nl.hbm (private_hbm), as AWS's "Introduction to NKI Kernel
+Optimization" tutorial allocates and runs them; collectives take HBM or SBUF tensors, not a mix
 ("nki.collectives.all_gather" and siblings).
 """
 
@@ -133,9 +134,9 @@ def dma(dst: NkiTensor, src: NkiTensor, where: str) -> None:
 
 
 def kernel_output(v: Any, where: str) -> None:
-    if isinstance(v, NkiTensor) and v.buffer is not MemoryRegion.shared_hbm:
+    if isinstance(v, NkiTensor) and not v.buffer.is_hbm:
         raise ConstraintError(f"{where}: kernel output {v.alloc.label()} is in {v.buffer.name}; kernel "
-                              f"outputs must be allocated with buffer=nl.shared_hbm")
+                              f"outputs must be allocated in HBM (buffer=nl.shared_hbm or nl.hbm)")
     if isinstance(v, NkiTensor) and v.alloc.collective_touched:
         raise ConstraintError(f"{where}: kernel output {v.alloc.label()} is used by collective "
                               f"{v.alloc.collective_touched}; collectives must use internal buffers, "

@@ -13,49 +13,10 @@ from . import checks, rates
 from .errors import ConstraintError, UninitializedReadError, where
 from .rates import LinkModel
 from .lnc import SharedHbm
+from .onchip import OnChipSpace, allocation_site
 from .rendezvous import Rendezvous
 from .tensor import Allocation, MemoryRegion, NkiTensor
 from .timeline import CoreTimeline
-
-
-class OnChipSpace:
-    """Addresses in one on-chip buffer (bytes per partition of SBUF or PSUM), first fit.
-
-    Memory reuse carries hazards: when an allocation is freed (its last view garbage
-    collected), the latest end time of the instructions that read or wrote it is kept with
-    its address range; a later allocation placed over that range cannot be accessed
-    before then (write-after-read/write on the reused memory). Allocations that do not fit
-    (the capacity check counts bytes and reports over-capacity separately) go past the end
-    and inherit nothing.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.used: dict[int, tuple[int, int]] = {}  # alloc id -> [lo, hi)
-        self.released: list[tuple[int, int, float]] = []  # freed ranges and their last access end
-
-    def place(self, aid: int, size: int) -> float:
-        """Give ``aid`` an address range of ``size``; return the time its memory is free."""
-        spans = sorted(self.used.values())
-        lo = 0
-        for a, b in spans:
-            if a - lo >= size:
-                break
-            lo = max(lo, b)
-        hi = lo + size
-        self.used[aid] = (lo, hi)
-        if hi > self.capacity:
-            return 0.0
-        return max((t for a, b, t in self.released if a < hi and lo < b), default=0.0)
-
-    def release(self, aid: int, last_use: float) -> None:
-        span = self.used.pop(aid, None)
-        if span is None or span[1] > self.capacity:
-            return
-        lo, hi = span
-        self.released = [(a, b, t) for a, b, t in self.released if not (lo <= a and b <= hi and t <= last_use)]
-        if last_use > 0:
-            self.released.append((lo, hi, last_use))
 
 
 class CoreContext:
@@ -78,6 +39,7 @@ class CoreContext:
         self._span: dict[int, list] = {}  # on-chip alloc id -> [first, last access, buffer, bytes, label]
         self._labels: list[str] = []  # op of each instruction, in issue order
         self._names: dict[int, str] = {}  # name= of the instructions that have one
+        self._touched: list[int] = []  # SBUF bytes per partition each instruction touches
         self.live: dict[int, tuple[MemoryRegion, int, str]] = {}
         self.inputs: set[int] = set()
         self.space = {MemoryRegion.sbuf: OnChipSpace(sbuf_limit),
@@ -128,7 +90,7 @@ class CoreContext:
         if buffer.on_chip:
             nbytes = alloc.bytes_per_partition
             self.live[alloc.id] = (buffer, nbytes, alloc.label())
-            free_at = self.space[buffer].place(alloc.id, nbytes)
+            free_at = self.space[buffer].place(alloc.id, nbytes, allocation_site())
             if free_at > 0:
                 self.timeline.reserve(alloc.id, tuple((0, n) for n in shape), free_at)
             weakref.finalize(alloc, self._free, alloc.id)
@@ -163,29 +125,68 @@ class CoreContext:
         each on-chip tensor from its first to its last access (as the compiler allocates: a
         tensor no later instruction touches takes no space, whatever Python still refers to).
         Limits: SBUF ``sbuf_limit``; PSUM 8 banks of 2 KiB (tiles smaller than a bank share
-        one; a matmul result must fit in one bank, checks.matmul). Run when the program ends."""
-        limits = {MemoryRegion.sbuf: (self.sbuf_limit, f"{self.sbuf_limit // 1024} KiB"),
-                  MemoryRegion.psum: (rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES,
-                                      f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")}
-        for buffer, (limit, what) in limits.items():
-            spans = [sp for sp in self._span.values() if sp[2] is buffer]
-            if sum(sp[3] for sp in spans) <= limit:
-                continue
-            events = sorted([(sp[0], sp[3]) for sp in spans] + [(sp[1] + 1, -sp[3]) for sp in spans],
-                            key=lambda e: (e[0], e[1]))
-            used = peak = 0
-            at = -1
-            for seq, delta in events:
-                used += delta
-                if used > peak:
-                    peak, at = used, seq
-            if peak > limit:
-                live = sorted((sp for sp in spans if sp[0] <= at <= sp[1]), key=lambda sp: -sp[3])
-                largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
-                raise ConstraintError(
-                    f"{self.where(self._labels[at], self._names.get(at))}: {buffer.name.upper()} over capacity: live tensors need {peak} bytes per "
-                    f"partition > {limit} ({what}); {len(live)} tensors live from first to last use, largest: "
-                    f"{largest}")
+        one; a matmul result must fit in one bank, checks.matmul). Run when the program ends.
+
+        SBUF over capacity is spilled, as the compiler does: "If the total size of the live
+        data ... overflows the capacity of any on-chip memory, the Neuron compiler will
+        insert the necessary spills or refills between that memory and the next-tier memory"
+        ("NKI memory hierarchy overview"). Where live tensors exceed the limit, the tensor
+        live there whose last use is latest is spilled (saved to HBM once and reloaded once),
+        until the rest fit; the traffic is timed by ``CoreTimeline.spill``. Refused: PSUM over
+        capacity, and SBUF where the tensors an instruction itself touches exceed the limit
+        (nothing can be spilled there)."""
+        psum_limit = rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES
+        spans = [sp for sp in self._span.values() if sp[2] is MemoryRegion.psum]
+        peak, at, live = _peak(spans)
+        if peak > psum_limit:
+            self._over_capacity(MemoryRegion.psum, peak, at, live, psum_limit,
+                                f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")
+        spans = [sp for sp in self._span.values() if sp[2] is MemoryRegion.sbuf]
+        if sum(sp[3] for sp in spans) <= self.sbuf_limit:
+            return
+        spilled = self._spill(spans)
+        if spilled:
+            self.timeline.spill(sum(sp[3] for sp in spilled) * rates.PMAX, len(spilled) * rates.PMAX)
+
+    def _spill(self, spans: list[list]) -> list[list]:
+        """The SBUF tensors spilled to bring every instruction under ``sbuf_limit``: sweep the
+        instructions in order; where live bytes exceed the limit, spill the live tensor not
+        touched there whose last use is latest. Refuses when none is left to spill."""
+        worst = max(range(len(self._touched)), key=self._touched.__getitem__, default=-1)
+        if worst >= 0 and self._touched[worst] > self.sbuf_limit:
+            self._over_capacity(MemoryRegion.sbuf, self._touched[worst], worst,
+                                [sp for sp in spans if sp[0] <= worst <= sp[1]], self.sbuf_limit,
+                                f"{self.sbuf_limit // 1024} KiB; the tensors this instruction touches alone "
+                                f"exceed it, so nothing can be spilled")
+        starts = sorted(range(len(spans)), key=lambda i: spans[i][0])
+        live: dict[int, list] = {}
+        used, j, spilled = 0, 0, []
+        for seq in sorted({sp[0] for sp in spans}):
+            for i in list(live):
+                if live[i][1] < seq:
+                    used -= live.pop(i)[3]
+            while j < len(starts) and spans[starts[j]][0] == seq:
+                live[starts[j]] = spans[starts[j]]
+                used += spans[starts[j]][3]
+                j += 1
+            while used > self.sbuf_limit:
+                idle = [i for i, sp in live.items() if sp[0] < seq < sp[1]]
+                if not idle:
+                    self._over_capacity(MemoryRegion.sbuf, used, seq, list(live.values()), self.sbuf_limit,
+                                        f"{self.sbuf_limit // 1024} KiB; the tensors this instruction "
+                                        f"touches alone exceed it, so nothing can be spilled")
+                victim = max(idle, key=lambda i: live[i][1])
+                used -= live[victim][3]
+                spilled.append(live.pop(victim))
+        return spilled
+
+    def _over_capacity(self, buffer: MemoryRegion, peak: int, at: int, live: list, limit: int, what: str) -> None:
+        live = sorted(live, key=lambda sp: -sp[3])
+        largest = ", ".join(f"{sp[4]} {sp[3]} B" for sp in live[:4])
+        raise ConstraintError(
+            f"{self.where(self._labels[at], self._names.get(at))}: {buffer.name.upper()} over capacity: live tensors "
+            f"need {peak} bytes per partition > {limit} ({what}); {len(live)} tensors live from first to last use, "
+            f"largest: {largest}")
 
     def read(self, v: NkiTensor, op: str, name: str | None, role: str) -> np.ndarray:
         """The data of ``v`` (numerics mode), refusing elements nothing has written (for a
@@ -248,6 +249,7 @@ class CoreContext:
         if name is not None:
             self._names[seq] = name
         span = self._span
+        touched: dict[int, int] = {}
         for views in (reads, writes):
             for v in views:
                 a = v.alloc
@@ -257,6 +259,9 @@ class CoreContext:
                         span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]
                     else:
                         sp[1] = seq
+                    if a.buffer is MemoryRegion.sbuf:
+                        touched[a.id] = a.bytes_per_partition
+        self._touched.append(sum(touched.values()))  # an int per instruction: the spill check's floor
         if self.lnc > 1:
             self.shared_hbm.access(self.program, self.where(op, name), reads, writes)
 
@@ -272,9 +277,52 @@ class CoreContext:
                   reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
         self.accesses(op, name, reads, writes)
         tl = self.timeline
-        start, end = tl.dma(nbytes, tl.ready(reads, writes), op, name)
+        chunks, partitions = dma_shape(reads + writes)
+        start, end = tl.dma(nbytes, tl.ready(reads, writes), op, name, chunks, partitions)
         tl.record(reads, writes, end, end)
         return start, end
+
+
+def contiguous_run(v: NkiTensor) -> int:
+    """Elements of ``v`` in one contiguous piece of memory: the trailing dims whose strides
+    continue each other (an on-chip view stops at its partition dim, dim 0: each partition
+    is a separate range of the address map, "Trainium/Inferentia2 architecture guide", data
+    movement)."""
+    run = 1
+    pattern = v.pattern[1:] if v.buffer.on_chip else v.pattern
+    for stride, count in reversed(pattern):
+        if count == 1:
+            continue
+        if stride != run:
+            break
+        run *= count
+    return run
+
+
+def dma_shape(views: list[NkiTensor]) -> tuple[int, int]:
+    """(contiguous chunks, partitions) of a DMA over ``views``: the chunks of the most
+    fragmented side ("DMA buffers": data within one must be contiguous) and the partitions of
+    its on-chip side (128 for an HBM-to-HBM copy)."""
+    chunks, partitions = 1, rates.PMAX
+    for v in views:
+        if v.size:
+            chunks = max(chunks, -(-v.size // contiguous_run(v)))
+        if v.buffer.on_chip:
+            partitions = min(partitions, v.partitions) if partitions != rates.PMAX else v.partitions
+    return chunks, partitions
+
+
+def _peak(spans: list[list]) -> tuple[int, int, list]:
+    """(peak bytes, instruction index, spans live there) of [first, last, _, bytes, _] spans."""
+    events = sorted([(sp[0], sp[3]) for sp in spans] + [(sp[1] + 1, -sp[3]) for sp in spans],
+                    key=lambda e: (e[0], e[1]))
+    used = peak = 0
+    at = -1
+    for seq, delta in events:
+        used += delta
+        if used > peak:
+            peak, at = used, seq
+    return peak, at, [sp for sp in spans if sp[0] <= at <= sp[1]]
 
 
 def _refuse_oob(v: NkiTensor) -> None:

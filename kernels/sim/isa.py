@@ -27,6 +27,7 @@ from . import unimplemented as _unimplemented
 from . import language as nl
 from .errors import ConstraintError, SimulatorError
 from .instruction import NkiInstruction
+from .isa_vector import engine_seconds as _engine_seconds
 from .rendezvous import Deposit
 from .state import BLAS_LOCK
 from .state import current as _current
@@ -230,9 +231,9 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     if ctx.numerics:
         vals, mask = ctx.read_moved(src, "tensor_copy", name, "src")
         ctx.write_moved(dst, _f32(vals), mask)
-    dur = rates.elementwise_seconds(checks.free_size(src))
-    return _done("tensor_copy", name, ctx.issue("tensor_copy", name, _elementwise_engine(engine, "Vector"),
-                                                dur, [src], [dst]))
+    eng = _elementwise_engine(engine, "Vector")
+    dur = _engine_seconds(eng, checks.free_size(src), [src], [dst])
+    return _done("tensor_copy", name, ctx.issue("tensor_copy", name, eng, dur, [src], [dst]))
 
 
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
@@ -251,9 +252,9 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         a = _f32(ctx.read(data1, "tensor_tensor", name, "data1"))
         b = _f32(ctx.read(data2, "tensor_tensor", name, "data2")).reshape(a.shape)
         ctx.write(dst, np.asarray(op(a, b)).reshape(dst.shape))
-    dur = rates.elementwise_seconds(checks.free_size(dst))
-    return _done("tensor_tensor", name, ctx.issue("tensor_tensor", name, _elementwise_engine(engine, "Vector"),
-                                                  dur, [data1, data2], [dst]))
+    eng = _elementwise_engine(engine, "Vector")
+    dur = _engine_seconds(eng, checks.free_size(dst), [data1, data2], [dst])
+    return _done("tensor_tensor", name, ctx.issue("tensor_tensor", name, eng, dur, [data1, data2], [dst]))
 
 
 def _operand(ctx: Any, v: Any, shape: tuple[int, ...], op: str, name: str | None, role: str,
@@ -289,9 +290,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if op1 is not None:
             x = op1(o1, x) if reverse1 else op1(x, o1)
         ctx.write(dst, np.asarray(x).reshape(dst.shape))
-    dur = rates.elementwise_seconds(checks.free_size(data))
-    return _done("tensor_scalar", name, ctx.issue("tensor_scalar", name, _elementwise_engine(engine, "Vector"),
-                                                  dur, reads, [dst]))
+    eng = _elementwise_engine(engine, "Vector")
+    dur = _engine_seconds(eng, checks.free_size(data), reads, [dst])
+    return _done("tensor_scalar", name, ctx.issue("tensor_scalar", name, eng, dur, reads, [dst]))
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
@@ -302,8 +303,9 @@ def memset(dst, value, engine=engine.unknown, name=None):
     checks.on_chip(dst, w, "dst")
     if ctx.numerics:
         ctx.write(dst, np.full(dst.shape, value, dtype=np.float32 if dst.dtype.kind not in "iub" else dst.dtype))
-    dur = rates.elementwise_seconds(checks.free_size(dst))
-    return _done("memset", name, ctx.issue("memset", name, _elementwise_engine(engine, "Vector"), dur, [], [dst]))
+    eng = _elementwise_engine(engine, "Vector")
+    dur = _engine_seconds(eng, checks.free_size(dst), [], [dst])
+    return _done("memset", name, ctx.issue("memset", name, eng, dur, [], [dst]))
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
@@ -338,7 +340,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
             if red is None:
                 raise ConstraintError(f"{w}: reduce_op must be nl.add, nl.maximum or nl.minimum")
             ctx.write(reduce_res, red(flat, axis=1).reshape(reduce_res.shape))
-    dur = rates.elementwise_seconds(checks.free_size(data))
+    dur = _engine_seconds("Scalar", checks.free_size(data), reads, writes)
     return _done("activation", name, ctx.issue("activation", name, "Scalar", dur, reads, writes))
 
 

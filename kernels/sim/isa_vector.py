@@ -73,8 +73,17 @@ class _Op:
             self.ctx.write(dst, np.asarray(value).reshape(dst.shape))
 
     def issue(self, engine_name: str, free: int) -> NkiInstruction:
-        t = self.ctx.issue(self.op, self.name, engine_name, rates.elementwise_seconds(free), self.reads, self.writes)
+        t = self.ctx.issue(self.op, self.name, engine_name, engine_seconds(engine_name, free, self.reads, self.writes),
+                           self.reads, self.writes)
         return NkiInstruction(self.op, self.name, t[0], t[1])
+
+
+def engine_seconds(engine_name: str, free: int, reads: list, writes: list) -> float:
+    """``rates.elementwise_seconds`` of an instruction: its full-size input tiles (scalar
+    columns [P, 1] do not count) and the widest element of its operands."""
+    inputs = sum(1 for v in reads if v.size and checks.free_size(v) >= free)
+    itemsize = max((v.dtype.itemsize for v in list(reads) + list(writes)), default=4)
+    return rates.elementwise_seconds(free, engine_name, itemsize, inputs)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:

@@ -258,7 +258,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
         links, default_link = {}, link or rates.DEFAULT_LINK
     else:
         links, default_link = dict(link), rates.DEFAULT_LINK
-    sbuf_limit = sbuf_bytes_per_partition or rates.DEFAULT_SBUF_BYTES_PER_PARTITION
+    sbuf_limit = sbuf_bytes_per_partition or rates.active().sbuf_bytes_per_partition  # rates.generation
     ranks = [0] if symmetric else list(range(world))
     participants = [(r, p) for r in ranks for p in range(lnc)]
     contexts: dict[tuple[int, int], CoreContext] = {}

@@ -10,8 +10,10 @@ queue is in order: a DMA's descriptor generation (0.6 us) starts when its data i
 and the queue's previous descriptor is done, and its data phase starts no earlier than
 1.3 us later and no earlier than the end of the queue's previous data phase. Queues are
 independent of each other: a DMA waiting for its data holds back only the DMAs behind it
-on its own queue. The core's DMA bandwidth (368 GB/s) is one shared resource: every data
-phase needs bytes / 368 GB/s of it, taken at the full rate in the free intervals at or
+on its own queue. The core's DMA bandwidth (16 engines: 272 / 368 / 528 GB/s on
+trn1 / trn2 / trn3, ``rates.generation``) is one shared resource: every data
+phase needs ``rates.dma_transfer_seconds`` of it (bytes at the engines' rate plus a fixed
+cost per contiguous chunk), taken at the full rate in the free intervals at or
 after its earliest start, the earliest first, until it has had that much; a DMA whose
 data is ready can thus fill a gap left before a DMA issued earlier that still waits, and
 a long transfer runs in the gaps between short ones rather than waiting for a gap as
@@ -182,20 +184,38 @@ class CoreTimeline:
         self.occupy(engine, start, end, op, name)
         return start, end
 
-    def dma(self, nbytes: int, ready: float, op: str, name: str | None) -> tuple[float, float]:
-        """A DMA: 0.6 us descriptor generation on its queue, 1.3 us semaphore-to-start, then
-        bytes / 368 GB/s on the core's shared DMA bandwidth (Trainium2 architecture guide); see the
-        module docstring for the queues. Returns (issue time, end of the data phase)."""
+    def dma(self, nbytes: int, ready: float, op: str, name: str | None, chunks: int = 0,
+            partitions: int = 128) -> tuple[float, float]:
+        """A DMA: 0.6 us descriptor generation on its queue, 1.3 us semaphore-to-start, then its
+        data phase (``rates.dma_transfer_seconds`` of its bytes and contiguous ``chunks``) on
+        the core's shared DMA bandwidth (Trainium2 architecture guide, NKI DMA overview); see
+        the module docstring for the queues. The bandwidth is booked for the time the 16
+        engines would take; a DMA over fewer partitions (fewer engines) ends no earlier than
+        its data start plus its own, longer, time. Returns (issue time, end of the data phase)."""
         q = self._dma_next
         self._dma_next = (q + 1) % len(self._dma_queue_free)
         t0 = max(ready, self._dma_queue_free[q])
         self._dma_queue_free[q] = t0 + rates.DMA_DESCRIPTOR_S
         earliest = max(t0 + rates.DMA_DESCRIPTOR_S + rates.DMA_SEMAPHORE_TO_START_S, self._dma_queue_data[q])
-        duration = rates.dma_transfer_seconds(nbytes)
+        duration = rates.dma_transfer_seconds(nbytes, chunks)
         data_start, end = self._take_bandwidth(earliest, duration)
+        if partitions < rates.PMAX:
+            end = max(end, data_start + rates.dma_transfer_seconds(nbytes, chunks, partitions))
         self._dma_queue_data[q] = end
         self.occupy("DMA", data_start, end, op, name, busy_s=duration)
         return t0, end
+
+    def spill(self, nbytes: int, chunks: int) -> None:
+        """Spill traffic the compiler inserts (context.check_capacity): ``nbytes`` saved to HBM
+        and reloaded, in ``chunks`` contiguous pieces, on the core's DMA bandwidth. Timed as
+        bandwidth only: the kernel cannot end before its DMA bandwidth has carried its own
+        transfers and the spills, from its first DMA (the spills run in the bandwidth's idle
+        time; ASSUMPTION: they do not delay the instructions that use the spilled tensors)."""
+        t = 2 * rates.dma_transfer_seconds(nbytes, chunks)
+        first = min((a for a, _ in self.intervals.get("DMA", [])), default=0.0)
+        self.busy["DMA"] = self.busy.get("DMA", 0.0) + t
+        self.counts["DMA spill"] = self.counts.get("DMA spill", 0) + 2 * chunks
+        self.end_s = max(self.end_s, first + self.busy["DMA"])
 
     def dma_traffic(self, earliest: float, nbytes: int, op: str, name: str | None, span: float = 0.0) -> float:
         """Collective traffic of ``nbytes`` sent by this core's DMA engines from ``earliest``:

@@ -1,0 +1,379 @@
+"""The simulator's clock against published device timings of public NKI kernels.
+
+Each row is a kernel whose device time AWS published, written here from its published
+description (no AWS code is copied or run), simulated schedule-only on the generation it
+was measured on, side by side with the published time: kernel, shape, generation,
+measured (device) time and its source, simulated time, simulated/measured.
+
+Rows (every published device time of a whole NKI kernel found so far):
+
+* "Introduction to NKI Kernel Optimization" (aws-neuron-sdk,
+  nki/guides/tutorials/kernel-optimization.rst, Neuron SDK 2.27+): a 4096x8192 @ 8192x8192
+  FP32 matmul on trn2 in four versions (tiled v2, hoisted loads v3, blocked free dims v4,
+  blocked all dims v5). The page states no kernel time in its text; the times are read off
+  its profile screenshots: the "Dma Active Time" over "Dma Active Time Percent" of each
+  version's summary panel (nki/img/how-to/v{2,3,4,5}-dma.png): 39.87 ms / 99.93%,
+  28.12 / 99.73%, 27.19 / 95.70%, 6.10 / 21.54%.
+
+* "Fused Mamba" (aws-neuron-sdk, nki/guides/tutorials/fused_mamba.rst): the first NKI
+  kernel (mamba_v1) at batch 1, seq_len 512, state 16, channels 256 ("172.93 usec") and
+  4096 ("2.34 ms"), and mamba_v2 (loops reordered) at 4096 channels ("1.61 ms"), FP32,
+  times stated in the text. The B and C rows are broadcast to 128 partitions by DMA here
+  (the page broadcasts them on chip). Not rows yet: the seq_len 8192 profiles (53.33 ms,
+  27.8 ms) and the seq_len table of mamba_v2/v3.
+
+Goal: every row within 10% and the median within 5%. The clock's rates are documented in
+``trnopt.kernels.sim.rates``; none is fitted to these rows.
+
+    python benchmarks/sim_vs_device.py            # all rows
+    python benchmarks/sim_vs_device.py --scale 8  # every dimension / 8 (a quick look; the
+                                                  # device times are then not comparable)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from trnopt.kernels.sim import TensorSpec, rates, run_ranks
+from trnopt.kernels.sim import isa as nisa
+from trnopt.kernels.sim import language as nl
+from trnopt.kernels.sim import nki
+
+try:  # run as a script from the repository
+    from common import environment
+except ImportError:  # imported as benchmarks.sim_vs_device
+    from benchmarks.common import environment
+
+F32 = np.float32
+TM, TK, TN = 128, 128, 512  # nl.tile_size: gemm_stationary_fmax, pmax, gemm_moving_fmax
+
+
+# --- the tutorial's matmul versions, written from the page's description ---------------------
+@nki.jit
+def matmul_tiled(lhsT, rhs):
+    """v2: for each output tile (m, n), for each k: load a lhsT tile and a rhs tile, matmul
+    into one PSUM tile; then copy PSUM -> SBUF -> HBM."""
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    out = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.hbm)
+    for m in nl.affine_range(M // TM):
+        for n in nl.affine_range(N // TN):
+            acc = nl.ndarray((TM, TN), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(K // TK):
+                a = nl.ndarray((TK, TM), dtype=lhsT.dtype, buffer=nl.sbuf)
+                b = nl.ndarray((TK, TN), dtype=rhs.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a, src=lhsT[k * TK:(k + 1) * TK, m * TM:(m + 1) * TM])
+                nisa.dma_copy(dst=b, src=rhs[k * TK:(k + 1) * TK, n * TN:(n + 1) * TN])
+                nisa.nc_matmul(dst=acc, stationary=a, moving=b)
+            res = nl.ndarray((TM, TN), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=res, src=acc)
+            nisa.dma_copy(dst=out[m * TM:(m + 1) * TM, n * TN:(n + 1) * TN], src=res)
+    return out
+
+
+@nki.jit
+def matmul_hoisted(lhsT, rhs):
+    """v3: for each m, load the K // 128 lhsT tiles of that column once; for each n, load the
+    K // 128 rhs tiles, then K // 128 matmuls into one PSUM tile, copy out."""
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.hbm)
+    for m in nl.affine_range(M // TM):
+        a_tiles = []
+        for k in nl.affine_range(K // TK):
+            a = nl.ndarray((TK, TM), dtype=lhsT.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=a, src=lhsT[k * TK:(k + 1) * TK, m * TM:(m + 1) * TM])
+            a_tiles.append(a)
+        for n in nl.affine_range(N // TN):
+            b_tiles = []
+            for k in nl.affine_range(K // TK):
+                b = nl.ndarray((TK, TN), dtype=rhs.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b, src=rhs[k * TK:(k + 1) * TK, n * TN:(n + 1) * TN])
+                b_tiles.append(b)
+            acc = nl.ndarray((TM, TN), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(K // TK):
+                nisa.nc_matmul(dst=acc, stationary=a_tiles[k], moving=b_tiles[k])
+            res = nl.ndarray((TM, TN), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=res, src=acc)
+            nisa.dma_copy(dst=out[m * TM:(m + 1) * TM, n * TN:(n + 1) * TN], src=res)
+    return out
+
+
+@nki.jit
+def matmul_blocked_free(lhsT, rhs, tiles_m=2, tiles_n=2):
+    """v4: blocks of ``tiles_m`` x 128 rows of M and ``tiles_n`` x 512 columns of N: per M
+    block load its lhsT tiles (all of K), per N block its rhs tiles (all of K), then every
+    (bm, bn) output tile of the block pair as in v3."""
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    out = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.hbm)
+    for m in nl.affine_range(M // (TM * tiles_m)):
+        a_tiles = []
+        for bm in nl.affine_range(tiles_m):
+            col = (m * tiles_m + bm) * TM
+            row = []
+            for k in nl.affine_range(K // TK):
+                a = nl.ndarray((TK, TM), dtype=lhsT.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a, src=lhsT[k * TK:(k + 1) * TK, col:col + TM])
+                row.append(a)
+            a_tiles.append(row)
+        for n in nl.affine_range(N // (TN * tiles_n)):
+            b_tiles = []
+            for bn in nl.affine_range(tiles_n):
+                col = (n * tiles_n + bn) * TN
+                row = []
+                for k in nl.affine_range(K // TK):
+                    b = nl.ndarray((TK, TN), dtype=rhs.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=b, src=rhs[k * TK:(k + 1) * TK, col:col + TN])
+                    row.append(b)
+                b_tiles.append(row)
+            for bm in nl.affine_range(tiles_m):
+                for bn in nl.affine_range(tiles_n):
+                    acc = nl.ndarray((TM, TN), dtype=nl.float32, buffer=nl.psum)
+                    for k in nl.affine_range(K // TK):
+                        nisa.nc_matmul(dst=acc, stationary=a_tiles[bm][k], moving=b_tiles[bn][k])
+                    res = nl.ndarray((TM, TN), dtype=out.dtype, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=res, src=acc)
+                    r0, c0 = (m * tiles_m + bm) * TM, (n * tiles_n + bn) * TN
+                    nisa.dma_copy(dst=out[r0:r0 + TM, c0:c0 + TN], src=res)
+    return out
+
+
+@nki.jit
+def matmul_blocked_all(lhsT, rhs, tiles_m=16, tiles_n=2, tiles_k=8):
+    """v5: blocks in M (``tiles_m`` x 128), N (``tiles_n`` x 512) and K (``tiles_k`` x 128).
+    Per N block: zeroed SBUF accumulators for the whole M x block-N result; per K block
+    (sequential) load the K-block rows of rhs (one [128, block N] load per 128 rows); per M
+    block load the lhsT rows ([128, block M] each), matmul every (bn, bm) tile over the K
+    block into PSUM and add it into its SBUF accumulator (tensor_tensor); at the end pack
+    each 128-row stripe of the block N columns and store it with one DMA."""
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    BM, BN, BK = TM * tiles_m, TN * tiles_n, TK * tiles_k
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.hbm)
+    for n in nl.affine_range(N // BN):
+        accs = []
+        for _ in range(M // BM):
+            blk = []
+            for _bm in range(tiles_m):
+                row = []
+                for _bn in range(tiles_n):
+                    t = nl.ndarray((TM, TN), dtype=lhsT.dtype, buffer=nl.sbuf)
+                    nisa.memset(dst=t, value=0.0)
+                    row.append(t)
+                blk.append(row)
+            accs.append(blk)
+        for k in nl.sequential_range(K // BK):
+            b_rows = []
+            for bk in range(tiles_k):
+                b = nl.ndarray((TK, BN), dtype=rhs.dtype, buffer=nl.sbuf)
+                r0 = (tiles_k * k + bk) * TK
+                nisa.dma_copy(dst=b, src=rhs[r0:r0 + TK, BN * n:BN * (n + 1)])
+                b_rows.append(b)
+            for m in nl.affine_range(M // BM):
+                a_rows = []
+                for bk in nl.affine_range(tiles_k):
+                    a = nl.ndarray((TK, BM), dtype=lhsT.dtype, buffer=nl.sbuf)
+                    r0 = (tiles_k * k + bk) * TK
+                    nisa.dma_copy(dst=a, src=lhsT[r0:r0 + TK, BM * m:BM * (m + 1)])
+                    a_rows.append(a)
+                for bn in nl.affine_range(tiles_n):
+                    for bm in nl.affine_range(tiles_m):
+                        acc = nl.ndarray((TM, TN), dtype=nl.float32, buffer=nl.psum)
+                        for bk in nl.affine_range(tiles_k):
+                            nisa.nc_matmul(dst=acc, stationary=a_rows[bk][:, bm * TM:(bm + 1) * TM],
+                                           moving=b_rows[bk][:, bn * TN:(bn + 1) * TN])
+                        nisa.tensor_tensor(dst=accs[m][bm][bn], data1=accs[m][bm][bn], data2=acc, op=nl.add)
+        for m in nl.affine_range(M // BM):
+            for bm in nl.affine_range(tiles_m):
+                packed = nl.ndarray((TM, BN), dtype=nl.float32, buffer=nl.sbuf)
+                for bn in nl.affine_range(tiles_n):
+                    nisa.tensor_copy(dst=packed[:, bn * TN:(bn + 1) * TN], src=accs[m][bm][bn])
+                r0 = (tiles_m * m + bm) * TM
+                nisa.dma_copy(dst=out[r0:r0 + TM, BN * n:BN * (n + 1)], src=packed)
+    return out
+
+
+@nki.jit
+def mamba_v1(delta, u, A, B, C):
+    """The fused Mamba tutorial's first kernel, from its description: per batch, per state,
+    per 128-channel tile: load delta and u ([128, L]), A's column for the state, B's and C's
+    row for the state broadcast to 128 partitions; exp(delta * A) in one ScalarE activation,
+    delta * u * B in two tensor_tensor, the associative scan (tensor_tensor_scan, multiply
+    then add), times C, accumulated over the states (tensor_tensor add); store per tile."""
+    nb, channels, L = delta.shape
+    n_state = A.shape[1]
+    out = nl.ndarray((nb, channels, L), dtype=delta.dtype, buffer=nl.hbm)
+    for b in nl.affine_range(nb):
+        accs = [nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf) for _ in range(channels // 128)]
+        for s in nl.affine_range(n_state):
+            for t in nl.affine_range(channels // 128):
+                c0 = t * 128
+                d_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                u_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                a_i = nl.ndarray((128, 1), dtype=delta.dtype, buffer=nl.sbuf)
+                b_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                c_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=d_i, src=delta[b, c0:c0 + 128, :])
+                nisa.dma_copy(dst=u_i, src=u[b, c0:c0 + 128, :])
+                nisa.dma_copy(dst=a_i, src=A[c0:c0 + 128, s:s + 1])
+                nisa.dma_copy(dst=b_i, src=B[b, s:s + 1, :].broadcast(0, 128))
+                nisa.dma_copy(dst=c_i, src=C[b, s:s + 1, :].broadcast(0, 128))
+                dA = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.activation(dst=dA, op=nl.exp, data=d_i, scale=a_i)
+                dBu = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=dBu, data1=d_i, data2=u_i, op=nl.multiply)
+                nisa.tensor_tensor(dst=dBu, data1=dBu, data2=b_i, op=nl.multiply)
+                scan = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor_scan(dst=scan, data0=dA, data1=dBu, initial=0.0, op0=nl.multiply, op1=nl.add)
+                if s == 0:
+                    nisa.tensor_tensor(dst=accs[t], data1=scan, data2=c_i, op=nl.multiply)
+                else:
+                    nisa.tensor_tensor(dst=scan, data1=scan, data2=c_i, op=nl.multiply)
+                    nisa.tensor_tensor(dst=accs[t], data1=accs[t], data2=scan, op=nl.add)
+        for t in nl.affine_range(channels // 128):
+            nisa.dma_copy(dst=out[b, t * 128:(t + 1) * 128, :], src=accs[t])
+    return out
+
+
+@nki.jit
+def mamba_v2(delta, u, A, B, C):
+    """The tutorial's mamba_v2, from its description: the loops reordered so that delta and
+    u are loaded once per 128-channel tile (outside the state loop), one accumulator per
+    tile, stored at the end of the tile; per state the same steps as ``mamba_v1``."""
+    nb, channels, L = delta.shape
+    n_state = A.shape[1]
+    out = nl.ndarray((nb, channels, L), dtype=delta.dtype, buffer=nl.hbm)
+    for b in nl.affine_range(nb):
+        for t in nl.affine_range(channels // 128):
+            c0 = t * 128
+            acc = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+            nisa.memset(dst=acc, value=0.0)
+            d_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+            u_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=d_i, src=delta[b, c0:c0 + 128, :])
+            nisa.dma_copy(dst=u_i, src=u[b, c0:c0 + 128, :])
+            for s in nl.affine_range(n_state):
+                a_i = nl.ndarray((128, 1), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_i, src=A[c0:c0 + 128, s:s + 1])
+                dA = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.activation(dst=dA, op=nl.exp, data=d_i, scale=a_i)
+                b_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b_i, src=B[b, s:s + 1, :].broadcast(0, 128))
+                dBu = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=dBu, data1=d_i, data2=u_i, op=nl.multiply)
+                nisa.tensor_tensor(dst=dBu, data1=dBu, data2=b_i, op=nl.multiply)
+                scan = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor_scan(dst=scan, data0=dA, data1=dBu, initial=0.0, op0=nl.multiply, op1=nl.add)
+                c_i = nl.ndarray((128, L), dtype=delta.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=c_i, src=C[b, s:s + 1, :].broadcast(0, 128))
+                nisa.tensor_tensor(dst=scan, data1=scan, data2=c_i, op=nl.multiply)
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=scan, op=nl.add)
+            nisa.dma_copy(dst=out[b, c0:c0 + 128, :], src=acc)
+    return out
+
+
+# --- rows ---------------------------------------------------------------------------------------
+_TUTORIAL = ("aws-neuron-sdk nki/guides/tutorials/kernel-optimization.rst, profile summary "
+             "nki/img/how-to/{v}-dma.png (read off the screenshot: Dma Active Time / Dma Active Time Percent)")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published device timing of a public kernel."""
+
+    kernel: str  # the kernel's name as its source names it
+    fn: Callable[..., Any]  # our implementation, written from the published description
+    shapes: tuple[tuple[int, ...], ...]  # argument shapes (FP32 unless ``dtype``)
+    generation: str  # chip the time was measured on ("trn1", "trn2", "trn3")
+    measured_ms: float  # the published device time
+    source: str  # where the number is published, and how it was read
+    dtype: Any = F32  # argument dtype
+
+
+def _tutorial(version: str, fn: Callable[..., Any], active_ms: float, active_pct: float) -> Row:
+    return Row(f"kernel-optimization matmul {version}", fn, ((8192, 4096), (8192, 8192)), "trn2",
+               round(active_ms / (active_pct / 100), 2),
+               _TUTORIAL.format(v=version) + f": {active_ms} ms / {active_pct}%")
+
+
+_MAMBA = ("aws-neuron-sdk nki/guides/tutorials/fused_mamba.rst ('Fused Mamba' tutorial), text: {what}; "
+          "generation not stated on the page; first published Sep 2024 (Neuron SDK 2.20), when NKI ran on "
+          "Trn1/Inf2 only (Trn2 came with SDK 2.21, Dec 2024): simulated as trn1")
+
+
+def _mamba(channels: int, seq_len: int, measured_ms: float, what: str, version: str = "v1") -> Row:
+    return Row(f"fused mamba {version} (c {channels}, L {seq_len})", mamba_v1 if version == "v1" else mamba_v2,
+               ((1, channels, seq_len), (1, channels, seq_len), (channels, 16), (1, 16, seq_len), (1, 16, seq_len)),
+               "trn1", measured_ms, _MAMBA.format(what=what))
+
+
+ROWS = (
+    _tutorial("v2", matmul_tiled, 39.87, 99.93),
+    _tutorial("v3", matmul_hoisted, 28.12, 99.73),
+    _tutorial("v4", matmul_blocked_free, 27.19, 95.70),
+    _tutorial("v5", matmul_blocked_all, 6.10, 21.54),
+    _mamba(256, 512, 0.17293, "'now takes 172.93 usec'"),
+    _mamba(4096, 512, 2.34, "'with increased channels is now 2.34 ms'"),
+    _mamba(4096, 512, 1.61, "mamba_v2, 'The device execution time is now 1.61 ms'", "v2"),
+)
+
+
+def simulate_ms(row: Row, scale: int = 1) -> float:
+    """Simulated kernel time of ``row`` in ms (schedule only, on the row's generation),
+    every argument dimension divided by ``scale``."""
+    specs = [TensorSpec(tuple(d // scale for d in s), row.dtype) for s in row.shapes]
+    with rates.generation(row.generation):
+        res = run_ranks(row.fn, [specs], numerics=False)
+    return res.timeline.total_s * 1e3
+
+
+def table(rows=ROWS, scale: int = 1, out=None) -> list[tuple[Row, float | None, str]]:
+    """Simulate every row and print the side-by-side table; returns (row, simulated ms or
+    None, error) per row."""
+    out = out or sys.stdout
+    print("kernel                           shape                      gen   measured ms   simulated ms  "
+          "sim/meas  source", file=out)
+    results = []
+    for row in rows:
+        t0 = time.process_time()
+        try:
+            sim, err = simulate_ms(row, scale), ""
+        except Exception as exc:  # noqa: BLE001 - a refused kernel is a row of the table
+            sim, err = None, f"{type(exc).__name__}: {str(exc)[:160]}"
+        cpu = time.process_time() - t0
+        shape = " @ ".join("x".join(str(d // scale) for d in s) for s in row.shapes)
+        ratio = f"{sim / row.measured_ms:8.3f}" if sim is not None else "       -"
+        simtxt = f"{sim:12.3f}" if sim is not None else f"{'refused':>12}"
+        print(f"{row.kernel:<32} {shape:<26} {row.generation:<5} {row.measured_ms:11.3f} {simtxt}  {ratio}  "
+              f"{row.source}  ({cpu:.0f} CPU s){('  ' + err) if err else ''}", file=out)
+        results.append((row, sim, err))
+    errs = [abs(s / r.measured_ms - 1) for r, s, _ in results if s is not None]
+    if errs and scale == 1:
+        worst = max(errs)
+        print(f"\n{len(errs)} of {len(results)} rows simulated; |sim/meas - 1|: median "
+              f"{statistics.median(errs):.1%}, worst {worst:.1%}; goal: every row within 10%, median within 5%: "
+              f"{'met' if worst <= 0.10 and statistics.median(errs) <= 0.05 and len(errs) == len(results) else 'NOT met'}",
+              file=out)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scale", type=int, default=1, help="divide every dimension by this (quick look)")
+    args = ap.parse_args(argv)
+    print("trnopt simulator vs published device timings (simulated: trnopt.kernels.sim, schedule only)")
+    print(environment())
+    table(scale=args.scale)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
