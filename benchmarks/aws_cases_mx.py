@@ -258,8 +258,9 @@ def _gate_up_mx_out(o: Any) -> np.ndarray:
 
 
 # the output is MXFP8 E4M3 (3 mantissa bits: rounding within 1/16 of a value; values far
-# below their group's largest lose more, bounded by the 1/16 of the tensor's scale the
-# comparison adds); BF16 PSUM and activation add ~1/256
+# below their group's largest lose more); BF16 PSUM and activation add ~1/256. An FP8 output
+# cannot show a 1% error per element: the check stays "loose" until the reference quantizes as
+# the kernel does
 MX_CASES.append(lib_case("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_projection_mx_shard_I",
                       _gate_up_mx_inputs, lambda a, kw, r, al: ref_gate_up_mx(*a),
                       wrap=_wrap_gate_up_mx, post=_gate_up_mx_out, eps_dtype=ml_dtypes.float8_e4m3fn))
@@ -300,7 +301,7 @@ def ref_down_mx(act, act_s, w, ws, bias, aff, expert_idx):
 
 
 # BF16 PSUM accumulating the I tiles, BF16 bias add, affinity scaling and output (8
-# significant bits, a few roundings): 2% of the tensor's scale
+# significant bits, a few roundings): beyond the default check, no wider tolerance claimed
 MX_CASES.append(lib_case("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx", _down_mx_inputs,
                       lambda a, kw, r, al: ref_down_mx(*a, **kw), wrap=_wrap_down_mx))
 
@@ -378,7 +379,8 @@ def _hybrid_mx(make: Any) -> Any:
 
 # the kernel quantizes the hidden states and the intermediate to MXFP8 E4M3 (3 mantissa bits:
 # each operand within 1/16 of itself, its group's small values coarser); the reference keeps
-# them exact: 1/16 of the value plus 1/16 of the tensor's scale
+# them exact, so outputs differ by up to 1/16 of their operands, which the per-element check
+# refuses until the reference quantizes as the kernel does
 MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx",
                       _moe_mx_inputs(), lambda a, kw, r, al: ref_moe_mx(*a, **kw), lnc=2,
                       post=moe_out, eps_dtype=BF16))
