@@ -86,18 +86,18 @@ def _moe_cte(make: Any) -> Any:
 
 MOE_CASES += [
     lib_case("core/moe/moe_cte/moe_cte.py", "moe_cte", _moe_cte(moe_inputs(128)),
-         lambda a, kw, r, al: ref_moe(a[0], a[1], a[2], a[3], a[6], a[4], a[5]), lnc=2, rtol=2e-2, atol=1e-2,
-         post=moe_out),
+         lambda a, kw, r, al: ref_moe(a[0], a[1], a[2], a[3], a[6], a[4], a[5]), lnc=2,
+         post=moe_out, eps_dtype=BF16),
     lib_case("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate_hybrid",
-         _hybrid(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a[1:]), lnc=2, rtol=2e-2, atol=1e-2,
-         post=moe_out),
+         _hybrid(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a[1:]), lnc=2,
+         post=moe_out, eps_dtype=BF16),
     lib_case("core/moe/moe_cte/bwmm_shard_on_block.py", "bwmm_shard_on_block", moe_inputs(128),
-         lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2, post=moe_out),
+         lambda a, kw, r, al: ref_moe(*a), lnc=2, post=moe_out, eps_dtype=BF16),
     lib_case("experimental/moe/forward/bwmm_shard_on_H.py", "blockwise_mm_baseline_shard_hidden", moe_inputs(128),
-         lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2, post=moe_out),
+         lambda a, kw, r, al: ref_moe(*a), lnc=2, post=moe_out, eps_dtype=BF16),
     lib_case("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate",
-         _post_scale(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a), lnc=2, rtol=2e-2, atol=1e-2,
-         post=moe_out),
+         _post_scale(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a), lnc=2,
+         post=moe_out, eps_dtype=BF16),
 ]
 
 def _dropping_inputs(rng: np.random.Generator, r: int, t: int = 2176, h: int = 512, e: int = 2, i: int = 256,
@@ -124,8 +124,8 @@ def ref_moe_dropping(x, aff, wg, wd, block, pos, b2e):
 
 
 MOE_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_shard_intermediate_dropping",
-                      _dropping_inputs, lambda a, kw, r, al: ref_moe_dropping(*a), lnc=2, rtol=2e-2, atol=1e-2,
-                      post=moe_out))
+                      _dropping_inputs, lambda a, kw, r, al: ref_moe_dropping(*a), lnc=2,
+                      post=moe_out, eps_dtype=BF16))
 
 
 def _silu(z: np.ndarray) -> np.ndarray:
@@ -192,7 +192,8 @@ def ref_moe_bwd(x, aff, wg, wd, gu_t, down, pos, b2e, dy, block):
 
 
 # BF16 operands, the kernel's intermediate gradients stored in BF16 (8 significant bits)
-# between the stages: 2% of the tensor's scale
+# between the stages: a few BF16 ulps x rms, beyond the default check (how many roundings reach
+# each output is not yet counted, so no wider tolerance is claimed)
 MOE_CASES.append(lib_case("experimental/moe/bwd/blockwise_mm_backward.py", "blockwise_mm_bwd", _moe_bwd_inputs,
-                      lambda a, kw, r, al: ref_moe_bwd(*a), lnc=2, rtol=2e-2, atol=1e-3,
+                      lambda a, kw, r, al: ref_moe_bwd(*a), lnc=2,
                       post=lambda o: tuple(o[:4])))

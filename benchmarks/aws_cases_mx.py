@@ -39,7 +39,7 @@ def _mx_data_scales(o: Any) -> tuple[np.ndarray, np.ndarray]:
 MX_CASES.append(lib_case("experimental/mxfp_subkernels/mxfp_load_utils.py", "mxfp_load_performance_wrapper",
                       lambda rng, r: ((rng.standard_normal((128, 1024)).astype(BF16)
                                        * np.exp2(rng.integers(-8, 8, (128, 1))).astype(BF16),), {}),
-                      lambda a, kw, r, al: ref_mx_swizzled_quantize(a[0]), rtol=0, atol=0, post=_mx_data_scales))
+                      lambda a, kw, r, al: ref_mx_swizzled_quantize(a[0]), post=_mx_data_scales))
 
 
 # --- MX (microscaling) operands, from the NKI reference pages "nki.isa.nc_matmul_mx" and
@@ -201,10 +201,10 @@ def _raw_outputs(o: Any) -> tuple:
 # data movement only: bit-exact (the PE broadcast multiplies BF16 bias values by 1.0 in FP32)
 MX_CASES += [
     lib_case("core/moe/moe_tkg/gate_up_projection_mx.py", "load_gate_up_weight_scale_bias", _load_gate_up_inputs,
-         lambda a, kw, r, al: ref_load_gate_up(*a, **kw), rtol=0, atol=0, wrap=_wrap_load_gate_up,
+         lambda a, kw, r, al: ref_load_gate_up(*a, **kw), wrap=_wrap_load_gate_up,
          post=_raw_outputs),
     lib_case("core/moe/moe_tkg/down_projection_mx.py", "load_broadcast_down_weight_scale_bias", _load_down_inputs(True),
-         lambda a, kw, r, al: ref_load_down(*a, **kw), rtol=0, atol=0, wrap=_wrap_load_down,
+         lambda a, kw, r, al: ref_load_down(*a, **kw), wrap=_wrap_load_down,
          post=_raw_outputs),
 ]
 
@@ -258,11 +258,12 @@ def _gate_up_mx_out(o: Any) -> np.ndarray:
 
 
 # the output is MXFP8 E4M3 (3 mantissa bits: rounding within 1/16 of a value; values far
-# below their group's largest lose more, bounded by the 1/16 of the tensor's scale the
-# comparison adds); BF16 PSUM and activation add ~1/256
+# below their group's largest lose more); BF16 PSUM and activation add ~1/256. An FP8 output
+# cannot show a 1% error per element: the check stays "loose" until the reference quantizes as
+# the kernel does
 MX_CASES.append(lib_case("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_projection_mx_shard_I",
-                      _gate_up_mx_inputs, lambda a, kw, r, al: ref_gate_up_mx(*a), rtol=1 / 16, atol=0,
-                      wrap=_wrap_gate_up_mx, post=_gate_up_mx_out))
+                      _gate_up_mx_inputs, lambda a, kw, r, al: ref_gate_up_mx(*a),
+                      wrap=_wrap_gate_up_mx, post=_gate_up_mx_out, eps_dtype=ml_dtypes.float8_e4m3fn))
 
 def _wrap_down_mx(kernel: Any) -> Any:
     """The SBUF operands in, out_sb allocated here, the result through the kernel's HBM spill
@@ -300,9 +301,9 @@ def ref_down_mx(act, act_s, w, ws, bias, aff, expert_idx):
 
 
 # BF16 PSUM accumulating the I tiles, BF16 bias add, affinity scaling and output (8
-# significant bits, a few roundings): 2% of the tensor's scale
+# significant bits, a few roundings): beyond the default check, no wider tolerance claimed
 MX_CASES.append(lib_case("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx", _down_mx_inputs,
-                      lambda a, kw, r, al: ref_down_mx(*a, **kw), rtol=2e-2, atol=0, wrap=_wrap_down_mx))
+                      lambda a, kw, r, al: ref_down_mx(*a, **kw), wrap=_wrap_down_mx))
 
 def _mx_weights_dense(gw, gs, dw, ds_):
     """The dense float64 weights of the CTE MX layouts: gate/up [E, 128, 2, H/512, I] x4
@@ -378,10 +379,11 @@ def _hybrid_mx(make: Any) -> Any:
 
 # the kernel quantizes the hidden states and the intermediate to MXFP8 E4M3 (3 mantissa bits:
 # each operand within 1/16 of itself, its group's small values coarser); the reference keeps
-# them exact: 1/16 of the value plus 1/16 of the tensor's scale
+# them exact, so outputs differ by up to 1/16 of their operands, which the per-element check
+# refuses until the reference quantizes as the kernel does
 MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx",
-                      _moe_mx_inputs(), lambda a, kw, r, al: ref_moe_mx(*a, **kw), lnc=2, rtol=1 / 16, atol=0,
-                      post=moe_out))
+                      _moe_mx_inputs(), lambda a, kw, r, al: ref_moe_mx(*a, **kw), lnc=2,
+                      post=moe_out, eps_dtype=BF16))
 def _with_clamps(make: Any, limit: float = 8.0) -> Any:
     """Gate and up clamp limits +-limit: bwmm_shard_on_block_mx issues its clamp
     tensor_scalar with op0=None when no limit is given, which "nki.isa.tensor_scalar" does not
@@ -395,10 +397,10 @@ def _with_clamps(make: Any, limit: float = 8.0) -> Any:
 
 MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_block_mx.py", "bwmm_shard_on_block_mx",
                       _with_clamps(_moe_mx_inputs(128)),
-                      lambda a, kw, r, al: (ref_moe_mx(*a, **kw), np.zeros(a[0].shape)), lnc=2, rtol=1 / 16, atol=0,
+                      lambda a, kw, r, al: (ref_moe_mx(*a, **kw), np.zeros(a[0].shape)), lnc=2,
                       # [2, T+1, H]: the programs' partial outputs, reduced into [0] with [1] zeroed
                       # (reduce_outputs' docstring); the padding row dropped
-                      post=lambda o: (np.asarray(o)[0, :-1].astype(np.float64), np.asarray(o)[1])))
+                      post=lambda o: (np.asarray(o)[0, :-1].astype(np.float64), np.asarray(o)[1]), eps_dtype=(BF16, None)))
 MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid",
-                      _hybrid_mx(_moe_mx_inputs()), lambda a, kw, r, al: ref_moe_mx(*a[1:], **kw), lnc=2,
-                      rtol=1 / 16, atol=0, post=moe_out))
+                      _hybrid_mx(_moe_mx_inputs()), lambda a, kw, r, al: ref_moe_mx(*a[1:], **kw), lnc=2, post=moe_out,
+                      eps_dtype=BF16))

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trnopt.kernels import sim
 from trnopt.kernels.overlap import BF16, measure
 from trnopt.kernels.plan import group_plan, local_ring
 from trnopt.optimizer.cost.overlap import shape_class
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "generated": date,
         "provenance": {"commit": git("rev-parse", "HEAD"), "command": command, "date": date,
-                       "simulator_commit": sim_commit,
+                       "simulator_commit": sim_commit, "simulator_version": sim.__version__,
                        "uncommitted": sorted(line[3:] for line in dirty.splitlines()) if dirty else []},
         "simulator": {"package": "trnopt.kernels.sim",
                       "mode": "numerics=False (engine timeline only); symmetric runs where exact, else every rank"},

@@ -10,9 +10,10 @@
    in the plan's ring order and channels, and compares each rank's result with the NumPy
    reference (BF16: within 2e-2 x (|value| + the tensor's largest |value|), the tests' rule).
 3. Prints the overlap table (T_mm, T_cc, T_f, hidden fraction, speedup) from the
-   simulator's timeline, measured by the overlap harness (kernels/overlap.py).
+   simulator's timeline, simulated by the overlap harness (kernels/overlap.py) and labelled
+   with the simulator's version (numbers from the simulator are simulated, not measured).
    ``--shape full`` (default): at the layout's full shape, in the simulator's symmetric
-   fast mode (one representative rank; the measured table if that run fails, and said
+   fast mode (one representative rank; the simulated table if that run fails, and said
    so). ``--shape scaled``: at the scaled shape of step 2. Beside each row: the fraction
    the cost model uses and its source (optimizer/cost/overlap.py).
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from trnopt.kernels import overlap
 from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring
+from trnopt.kernels.sim import __version__ as sim_version
 from trnopt.kernels.tiling import SBUF_TRN2
 from trnopt.optimizer.frameworks.profile import check_runs
 from trnopt.optimizer.model.layoutfile import layout_framework, read_layout
@@ -185,10 +187,10 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
     if not kernels:
         return rows, "no TP kernels in this plan (TP = 1)"
     if shape == "scaled":
-        how = "timeline at the scaled shape, measured now (numerics=False)"
+        how = f"timeline at the scaled shape, simulated now by trnopt NKI simulator {sim_version} (numerics=False)"
     else:
-        how = ("timeline at the full shape, measured now with the simulator's symmetric fast mode "
-               "(numerics=False, one representative rank)")
+        how = (f"timeline at the full shape, simulated now by trnopt NKI simulator {sim_version} in its symmetric "
+               "fast mode (numerics=False, one representative rank)")
     for ku in kernels:
         key = {"target": plan.target, "lnc": plan.lnc, "shape_class": plan.shape_class}
         row = {"kernel": ku.kernel, "tp": tp.size, "link_class": tp.link_class, "channels": tp.channels,
@@ -196,14 +198,14 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
                "cost_model_source": table.source_of(ku.kernel, tp.size, tp.link_class, **key)}
         if shape == "scaled":
             m, k, n = scaled_shape(ku.kernel, tp.size)
-            row.update(shape={"m": m, "k": k, "n": n}, source="measured now",
+            row.update(shape={"m": m, "k": k, "n": n}, source=f"simulated now ({sim_version})",
                        **measure(tp, ku.kernel, m, k, n, plan.lnc, plan.sbuf_bytes))
         else:
             try:
-                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n}, source="measured now (symmetric)",
+                row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n}, source=f"simulated now ({sim_version}, symmetric)",
                            **measure(tp, ku.kernel, ku.m, ku.k, ku.n, plan.lnc, plan.sbuf_bytes))
             except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
-                row.update(_table_row(table, ku.kernel, tp, key), source=f"table (symmetric run failed: {exc})")
+                row.update(_table_row(table, ku.kernel, tp, key), source=f"table, {table.provenance_text()} (symmetric run failed: {exc})")
         rows.append(row)
     return rows, how
 
@@ -225,7 +227,7 @@ def table_lines(rows: list[dict], how: str) -> list[str]:
         s = r.get("shape")
         shape = f"{s['m']} x {s['k']} x {s['n']}" if s else "-"
         if r.get("t_mm") is None:
-            nums = f"{'not measured at this TP degree and link class':>51}"
+            nums = f"{'not simulated at this TP degree and link class':>51}"
         else:
             nums = (f"{r['t_mm'] * 1e6:>11.2f}{r['t_cc'] * 1e6:>10.2f}{r['t_f'] * 1e6:>11.2f}"
                     f"{r['hidden_fraction']:>10.3f}{r['speedup']:>9.3f}")

@@ -25,6 +25,12 @@ grids, symmetric runs), ``rendezvous`` / ``watchdog`` (meeting and time bounds),
 
 from __future__ import annotations
 
+# The simulator's version: every number it produces is "simulated" with this version, and the
+# overlap table records the version that wrote it (provenance.simulator_version), which a test
+# holds equal to this. Raise it with any change to the clock (timeline, rates) or numerics that
+# moves a simulated number, and regenerate the table (benchmarks/overlap_table.py).
+__version__ = "1.0"
+
 from . import collectives, isa, language, nki, rates
 from .errors import (CollectiveMismatchError, ConstraintError, SimulatorError, SymmetryError,
                      UninitializedReadError)
@@ -35,7 +41,7 @@ from .tensor import MemoryRegion, NkiTensor
 from .timeline import Timeline
 
 __all__ = [
-    "run_ranks", "install", "uninstall", "SimResult", "Timeline", "LinkModel", "DEFAULT_LINK", "TensorSpec", "Kernel",
+    "__version__", "run_ranks", "install", "uninstall", "SimResult", "Timeline", "LinkModel", "DEFAULT_LINK", "TensorSpec", "Kernel",
     "SimulatorError", "ConstraintError", "UninitializedReadError", "CollectiveMismatchError", "SymmetryError",
     "MemoryRegion", "NkiTensor", "nki", "language", "isa", "collectives", "rates",
 ]

@@ -92,10 +92,12 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     if getattr(oob_mode, "name", oob_mode) == "skip" and (src._oob is not None or dst._oob is not None):
         return _dma_copy_skipping(ctx, w, dst, src, name)
     if ctx.numerics:
-        data = ctx.read(src, "dma_copy", name, "src")
+        # a DMA moves bytes, written or not (HBM holds whatever was there; an HBM fence copies a
+        # tensor onto itself): unwritten elements move along as unwritten, refused where used
+        data, mask = ctx.read_moved(src, "dma_copy", name, "src")
         if src.dtype != dst.dtype:
             data = _f32(data)
-        ctx.write(dst, data.reshape(dst.shape))
+        ctx.write_moved(dst, data.reshape(dst.shape), None if mask is None else mask.reshape(dst.shape))
     return _done("dma_copy", name, ctx.issue_dma("dma_copy", name, src.nbytes, [src], [dst]))
 
 

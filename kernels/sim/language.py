@@ -11,6 +11,7 @@ NumPy arrays. Calling them on tiles (the pre-0.6 tile API) is not simulated.
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any
 
@@ -509,3 +510,10 @@ def _free_size(t: NkiTensor) -> int:
 
 
 _unimplemented.fill(globals(), "nki.language")
+
+
+# --- names the real package has beyond the reference table ----------------------------------
+# nki-library's kernels use them (apicheck.BEYOND_TABLE names where); set last, as they
+# shadow builtins that the functions above must keep.
+range = builtins.range  # noqa: A001 - the "nki.language.affine_range" page: "an alias for Python's range()"
+bool = bool_  # noqa: A001 - "Boolean (True or False) stored as a byte" (nki.language.bool_)

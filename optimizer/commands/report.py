@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trnopt.optimizer.cost.calibration import step_band
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
@@ -13,6 +15,35 @@ STEP_TERMS = (("compute", "compute"), ("tp", "TP communication (exposed)"), ("cp
               ("ep", "EP all-to-all"), ("pp_send", "pipeline sends"), ("pp_bubble", "pipeline bubble"),
               ("dp", "DP gradients (exposed)"), ("zero3", "ZeRO-3 gathers and scatters (exposed)"),
               ("optimizer", "optimizer step"))
+
+
+@dataclass(frozen=True)
+class NoOverlapAnswer:
+    """The solve's answer with every hidden share 0 (``overlap.NO_OVERLAP``): how much the
+    answer rests on the simulated overlap."""
+
+    best: Evaluation
+    """The best layout searched with no overlap, evaluated with no overlap."""
+    status: str
+    """Its search status (OPTIMAL, FEASIBLE), or 'unchanged' when no search was needed: the chosen
+    layout hides nothing, and every other layout's step time only grows without overlap."""
+    chosen: Evaluation
+    """The layout chosen with overlap, evaluated with no overlap."""
+
+
+def no_overlap_line(answer: NoOverlapAnswer) -> str:
+    """One line: the answer with no overlap, its step time, and the chosen layout's without overlap."""
+    b, c = answer.best, answer.chosen
+    same = b.layout == c.layout
+    found = "the same layout" if same else f"{b.layout.describe()} [{b.layout.placement_text()}]"
+    status = "" if answer.status in ("OPTIMAL", "unchanged") else f", {answer.status}"
+    tail = "" if same else f"; the chosen layout would take {c.step.total:.3f} s"
+    return (f"with no overlap (every hidden share 0): {found}, {b.step.total:.3f} s/step{status}{tail}")
+
+
+def no_overlap_dict(answer: NoOverlapAnswer) -> dict:
+    return {"layout": layout_dict(answer.best.layout), "step_time_s": answer.best.step.total,
+            "status": answer.status, "chosen_layout_step_time_s": answer.chosen.step.total}
 
 
 def lnc_lines(lnc: int) -> list[str]:
@@ -56,7 +87,8 @@ def rank_map_lines(e: Evaluation, target: Target) -> list[str]:
 
 
 def overlap_source_line(e: Evaluation, hidden, target, hidden_size: int) -> str:
-    """Where the TP term's hidden fraction came from (the measured table), or '' when none applies."""
+    """Where the TP term's hidden fraction came from (the simulated table, with the version of the
+    simulator that wrote it), or '' when none applies."""
     from trnopt.optimizer.cost import collectives as cc
     from trnopt.optimizer.cost.overlap import TP_KERNELS, OverlapTable, shape_class, tp_hidden
 
@@ -68,8 +100,16 @@ def overlap_source_line(e: Evaluation, hidden, target, hidden_size: int) -> str:
     found = ", ".join(f"{k} {hidden.fraction(k, e.layout.tp, cls, **key):.2f} "
                       f"({hidden.source_of(k, e.layout.tp, cls, **key)})" for k in TP_KERNELS)
     return (f"    overlap at TP{e.layout.tp} on {cls} links of {target.name} at LNC={e.layout.lnc}: "
-            f"{tp_hidden(hidden, span, **key):.2f} hidden, the mean of {found}, from {hidden.source} "
-            "(simulator timelines)")
+            f"{tp_hidden(hidden, span, **key):.2f} hidden, the mean of {found}, from {hidden.source}, "
+            f"{hidden.provenance_text()}{stale_note(hidden)}")
+
+
+def stale_note(table) -> str:
+    """'' when the table was written by this simulator version, else a note saying it was not."""
+    from trnopt.kernels.sim import __version__
+
+    v = table.simulator_version
+    return "" if v in (None, __version__) else f"; this simulator is {__version__}: regenerate the table"
 
 
 def with_overlap_source(lines: list[str], e: Evaluation, p) -> list[str]:
@@ -81,7 +121,7 @@ def with_overlap_source(lines: list[str], e: Evaluation, p) -> list[str]:
     return lines[:at + 1] + [source] + lines[at + 1:]
 
 
-def solve_text(result: SearchResult) -> str:
+def solve_text(result: SearchResult, no_overlap: NoOverlapAnswer | None = None) -> str:
     p, e = result.problem, result.best
     status = "OPTIMAL" if result.status == "OPTIMAL" else f"FEASIBLE, gap {100 * result.gap:.2f}% (time limit)"
     out = [f"trnopt solve: {p.workload.model.name} on {p.domains} x {p.target.name} "
@@ -92,6 +132,8 @@ def solve_text(result: SearchResult) -> str:
     out += [f"solver: {status} in {result.seconds:.2f} s over {result.space_size:,} points (CP-SAT; "
             f"the search {result.search_seconds:.2f} s, the robust choice and the alternatives the rest)", ""]
     out += with_overlap_source(evaluation_lines(e, p.target), e, p)
+    if no_overlap is not None:
+        out.append(no_overlap_line(no_overlap))
     out += uncertainty_lines(result)
     out += [""] + rank_map_lines(e, p.target)
     if result.runners_up:
@@ -137,7 +179,7 @@ def evaluation_dict(e: Evaluation) -> dict:
     return {"layout": layout_dict(e.layout), **e.as_dict()}
 
 
-def solve_dict(result: SearchResult, problem_info: dict) -> dict:
+def solve_dict(result: SearchResult, problem_info: dict, no_overlap: NoOverlapAnswer | None = None) -> dict:
     """One JSON document, under 1 MB whatever the machine (the rank map is its summary; --rank-map FILE has every rank)."""
     e = result.best
     return {
@@ -154,4 +196,5 @@ def solve_dict(result: SearchResult, problem_info: dict) -> dict:
         "runners_up": [evaluation_dict(r) for r in result.runners_up],
         "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}
                          for a in result.alternatives],
+        **({"no_overlap": no_overlap_dict(no_overlap)} if no_overlap is not None else {}),
     }

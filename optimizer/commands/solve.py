@@ -14,7 +14,8 @@ from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, 
                                             zero_stages_from_args)
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
 from trnopt.optimizer.commands.output import write_output
-from trnopt.optimizer.commands.report import solve_dict, solve_text
+from trnopt.optimizer.commands.report import NoOverlapAnswer, solve_dict, solve_text
+from trnopt.optimizer.cost.overlap import NO_OVERLAP
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.frameworks import export
@@ -88,15 +89,16 @@ def run(args: argparse.Namespace) -> int:
     result = solve(problem, max(1.0, deadline - time.perf_counter()), args.workers, args.seed, args.top,
                    deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
     result.domains_note = note
+    no_overlap = no_overlap_answer(problem, result, args)
     info = problem_dict(args.target, args.model, workload, problem.domains, framework.name)
     if args.format == "json" or args.json == "-":
-        write_output("-", solve_dict(result, info))
+        write_output("-", solve_dict(result, info, no_overlap))
     elif args.format in export.FORMATS:
         export.write(args.format, result)
     elif text_to_stdout(args):
-        print(solve_text(result))
+        print(solve_text(result, no_overlap))
     if args.json and args.json != "-":
-        write_output(args.json, solve_dict(result, info), args.force)
+        write_output(args.json, solve_dict(result, info, no_overlap), args.force)
     write_rank_map(args, result.best.layout, target)
     for why in (framework.supports(result.best.layout, workload), framework.producible(result.best.layout, target)):
         if why:
@@ -105,6 +107,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"trnopt: warning: time limit reached; best layout shown, gap {100 * result.gap:.2f}%",
               file=sys.stderr)
     return 0
+
+
+def no_overlap_answer(problem: Problem, result, args: argparse.Namespace) -> NoOverlapAnswer:
+    """The answer with every hidden share 0: the same problem with ``NO_OVERLAP`` for the table,
+    searched as above within the same limits (--time-limit, --deterministic-limit). No search when
+    the chosen layout hides nothing and is the fastest: its step time is unchanged and every other
+    layout's only grows, so it stays the answer."""
+    bare = replace(problem, overlap=NO_OVERLAP)
+    chosen = bare.evaluate(result.best.layout)
+    if result.best.step.tp == result.best.step.tp_raw and result.fastest is None:
+        return NoOverlapAnswer(chosen, "unchanged", chosen)
+    found = solve(bare, args.time_limit, args.workers, args.seed, 0, deterministic_limit=args.deterministic_limit,
+                  uncertainty=args.uncertainty)
+    return NoOverlapAnswer(found.best, found.status, chosen)
 
 
 def framework_from_args(args: argparse.Namespace) -> FrameworkProfile:

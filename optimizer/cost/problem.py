@@ -26,7 +26,7 @@ class Problem:
     headroom: float = defaults.HEADROOM
     """Share of HBM a plan leaves free."""
     overlap: OverlapTable | Mapping[str, float] = field(default_factory=measured)
-    """Share of TP communication the overlap kernels hide: the measured table by default,
+    """Share of TP communication the overlap kernels hide: the simulated table by default,
     or a mapping link class -> fraction."""
     objective: str = defaults.OBJECTIVE
     """What the search minimises: "step-time", or "goodput" (step time / goodput)."""

@@ -265,3 +265,31 @@ def test_lnc1_private_hbm_rule_applies_to_the_collectives_whose_pages_state_it()
     run_ranks(permute_from_shared, x, kwargs=dict(kind="permute"))
     with pytest.raises(ConstraintError, match="with LNC degree 1 collective srcs on HBM must be in private_hbm"):
         run_ranks(permute_from_shared, x, kwargs=dict(kind="all_gather"))
+
+
+@nki.jit
+def fence_over_half_written(x):
+    out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[0:2, :])
+    nisa.dma_copy(dst=out[0:2, :], src=t)
+    nisa.dma_copy(dst=out, src=out)  # an HBM fence: rows 2-3 were never written
+    return out
+
+
+@nki.jit
+def compute_on_half_written(x):
+    out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:2, :], src=x[0:2, :])
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_a_dma_moves_unwritten_elements_and_compute_refuses_them() -> None:
+    x = np.arange(32, dtype=F32).reshape(4, 8)
+    out = run_ranks(fence_over_half_written, [(x,)]).outputs[0]
+    assert np.array_equal(out[:2], x[:2]) and np.isnan(out[2:]).all()
+    with pytest.raises(UninitializedReadError, match="tensor_scalar"):
+        run_ranks(compute_on_half_written, [(x,)])

@@ -1,4 +1,4 @@
-"""The measured-overlap reader: keys (target, kernel, TP, link class, LNC, shape class) and the lookup rule."""
+"""The simulated-overlap reader: keys (target, kernel, TP, link class, LNC, shape class), the lookup rule, the provenance."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from trnopt.optimizer.cost.overlap import measured, parse_table, tp_hidden, tp_hidden_source
+from trnopt.optimizer.cost.overlap import NO_OVERLAP, measured, parse_table, tp_hidden, tp_hidden_source
+from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.target import load_target
 
 
@@ -39,7 +40,7 @@ def test_a_target_without_rows_hides_nothing_and_says_so():
     t = table(ROWS)
     assert t.fraction("allgather_matmul", 16, "torus", target="trn3-gen2") == 0.0
     assert t.source_of("allgather_matmul", 16, "torus", target="trn3-gen2").startswith(
-        "no measured row for target trn3-gen2")
+        "no simulated row for target trn3-gen2")
     assert t.fraction("allgather_matmul", 16, "torus", target="trn2u", lnc=1) == 0.0
     assert "at LNC 1" in t.source_of("allgather_matmul", 16, "torus", target="trn2u", lnc=1)
 
@@ -51,7 +52,7 @@ def test_tp_hidden_with_and_without_a_target():
     span = ((axes[1], 4), (axes[2], 4))  # TP16 over the torus
     assert tp_hidden(t, span, target="trn2", lnc=2) == pytest.approx((0.7 + 0.5) / 2)
     assert tp_hidden(t, span, target="trn3-gen1", lnc=2) == 0.0
-    assert tp_hidden_source(t, span, target="trn3-gen1", lnc=2).startswith("no measured row for target trn3-gen1")
+    assert tp_hidden_source(t, span, target="trn3-gen1", lnc=2).startswith("no simulated row for target trn3-gen1")
     assert 0.0 <= tp_hidden(t, span) <= 1.0  # the old two-argument call reads every target's rows
     assert tp_hidden({"torus": 1.5}, span) == 1.0
 
@@ -101,7 +102,7 @@ def test_shipped_table_measures_every_tp_group_the_solver_can_place(name):
             assert keys
             for (tp, cls), kernel in itertools.product(keys, TP_KERNELS):
                 key = dict(target=name, lnc=lnc, shape_class=shape_class(model.hidden))
-                assert t.source_of(kernel, tp, cls, **key) == "measured", (name, lnc, model.name, tp, cls, kernel)
+                assert t.source_of(kernel, tp, cls, **key) == "simulated", (name, lnc, model.name, tp, cls, kernel)
                 assert t.row(kernel, tp, cls, **key)["shape_class"] == key["shape_class"]
 
 
@@ -113,10 +114,31 @@ def test_a_row_of_another_width_is_capped_at_what_its_matmul_covers():
          "t_cc": 2.0, "t_f": 2.1, "hidden_fraction": 0.45, "target": "trn2", "lnc": 2,
          "shape_class": "hidden16384"}]}, "t.json")
     key = dict(target="trn2", lnc=2)
-    assert t.lookup("allgather_matmul", 32, "torus", shape_class="hidden16384", **key) == (0.45, "measured")
+    assert t.lookup("allgather_matmul", 32, "torus", shape_class="hidden16384", **key) == (0.45, "simulated")
     assert t.lookup("allgather_matmul", 32, "torus", shape_class="hidden8192", **key) == (
-        pytest.approx(0.25), "measured at other widths, capped for hidden8192")
+        pytest.approx(0.25), "simulated at other widths, capped for hidden8192")
     assert t.fraction("allgather_matmul", 32, "torus", shape_class="hidden32768", **key) == 0.45
     assert t.lookup("allgather_matmul", 64, "torus", shape_class="hidden4096", **key) == (
         pytest.approx(0.125), "nearest TP32 at other widths, capped for hidden4096")
     assert t.fraction("allgather_matmul", 32, "torus", **key) == 0.45    # no width asked: the row as measured
+
+
+def test_a_table_with_provenance_names_its_simulator_version():
+    doc = {"version": 1, "rows": [], "provenance": {"commit": "abc"}}
+    with pytest.raises(InputError, match="provenance.simulator_version"):
+        parse_table(doc, "t.json")
+    doc["provenance"]["simulator_version"] = "9.9"
+    t = parse_table(doc, "t.json")
+    assert t.simulator_version == "9.9" and t.provenance_text() == "simulated (trnopt NKI simulator 9.9)"
+    assert table(ROWS).simulator_version is None  # a table written by hand
+    shipped = measured()
+    assert shipped.simulator_version and shipped.provenance_text().startswith("simulated (trnopt NKI simulator ")
+
+
+def test_the_switch_hides_nothing_where_the_table_hides_some():
+    trn2 = load_target("trn2")
+    axes = trn2.axes(2, 1)
+    span = ((axes[1], 4), (axes[2], 4))  # TP16 over the torus
+    assert tp_hidden(measured(), span, "trn2", 2, "hidden16384") > 0
+    assert tp_hidden(NO_OVERLAP, span, "trn2", 2, "hidden16384") == 0.0
+    assert tp_hidden_source(NO_OVERLAP, span) == "no overlap table (0)"
