@@ -32,7 +32,6 @@ import numpy as np
 from trnopt.kernels import overlap
 from trnopt.kernels.plan import GroupPlan, KernelPlan, kernel_plan, local_ring
 from trnopt.kernels.tiling import SBUF_TRN2
-from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.cost.overlap import measured
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -235,10 +234,11 @@ def table_lines(rows: list[dict], how: str) -> list[str]:
 
 # -- command ----------------------------------------------------------------------------------------
 def run(args) -> int:
+    from trnopt.optimizer.commands.args import load_runnable_layout
     from trnopt.optimizer.commands.output import check_output, write_output
 
     check_output(args.json, "--json", args.force)
-    target, workload, layout = read_layout(args.layout)
+    target, workload, layout, _ = load_runnable_layout(args.layout)
     plan = kernel_plan(workload, layout, target)
     quiet = args.json == "-"
     say = (lambda *a: None) if quiet else print

@@ -12,11 +12,15 @@ import math
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.output import check_output, write_stream
-from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.cost.evaluate import Evaluation
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.errors import DoesNotFitError, InputError
 from trnopt.optimizer.model import bounds
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.model.placement import MAX_CSV_RANKS, rank_map_csv
 from trnopt.optimizer.model.scale import check_scale
-from trnopt.optimizer.model.target import Target, check_domains
+from trnopt.optimizer.model.target import GIB, Target, check_domains
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 MAX_WORKERS = 64             # CP-SAT workers: far more than the cores of any machine trnopt runs on
@@ -85,6 +89,25 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     size.add_argument("--instances", type=int, help="number of instances (for single-instance targets: trn1, trn2)")
     add_workload_args(p)
     add_output_args(p)
+
+
+def load_runnable_layout(path: str) -> tuple[Target, Workload, Layout, Evaluation]:
+    """A layout file (``read_layout``: every key checked) scored again by the cost model (``Problem.evaluate``).
+
+    The file's numbers are not trusted (a hand-edited ``problem.model`` keeps the old
+    ``fits``); a layout whose memory per chip exceeds the chip's HBM cannot run and raises
+    DoesNotFitError (exit 1, as `trnopt evaluate` on a layout that does not fit). The file
+    does not record the headroom its solve kept, so the check is against the whole HBM
+    (headroom 0): a layout trnopt solved with any headroom passes, one no chip holds does not.
+    """
+    target, workload, layout = read_layout(path)
+    problem = Problem(workload, target, layout.domains, headroom=0.0)
+    evaluation = problem.evaluate(layout)
+    if not evaluation.fits:
+        raise DoesNotFitError(f"{path}: the layout {layout.describe()} needs {evaluation.memory.total / GIB:.1f} GiB "
+                              f"per chip running {workload.model.name} on {target.name}; the chip has "
+                              f"{evaluation.usable_bytes / GIB:.1f} GiB of HBM (`trnopt evaluate` scores it)")
+    return target, workload, layout, evaluation
 
 
 def domains_from_args(target: Target, args) -> int | None:

@@ -56,9 +56,9 @@ from collections.abc import Iterator
 from collections import Counter
 from dataclasses import dataclass
 
+from trnopt.optimizer.commands.args import load_runnable_layout
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout
-from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.model.inputfile import parse_json, read_text
 from trnopt.optimizer.model.placement import _ranges, planned_map, tp_summary
 from trnopt.optimizer.model.tomlcheck import closest
@@ -377,7 +377,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target, _, layout = read_layout(args.layout)
+    target, _, layout, _ = load_runnable_layout(args.layout)
     job = read_rank_map(args.rank_map)
     findings = check(layout, target, job)
     print("\n".join(report_lines(layout, target, job, findings)))

@@ -23,6 +23,7 @@ from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_place
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.placement import rank_map_summary
 from trnopt.optimizer.model.target import GIB, check_domains, load_target
+from trnopt.optimizer.search.domains import domain_flag
 
 
 def register(sub) -> None:
@@ -85,13 +86,12 @@ def run(args: argparse.Namespace) -> int:
     domains = domains_from_args(target, args)
     per_domain = target.ranks(lnc, 1)
     if domains is None and args.placement is not None:
-        # the scale-out factor the placement names (1 when it names none)
-        probe = target.axes(lnc, 1)
-        factors = _scale_out_factors(args.placement, probe[-1].name)
-        if any(len(f) > 12 for f in factors):
-            raise InputError("--placement", probe[-1].name, "a factor of more than 12 digits")
-        domains = max(1, math.prod(int(f) for f in factors))
-        check_domains(target, domains, "--placement", probe[-1].name)
+        # a scale-out factor without a machine size: the user states the machine, trnopt does not guess it
+        axis = target.axes(lnc, 1)[-1].name
+        count = math.prod(int(f) for f in _scale_out_factors(args.placement, axis))
+        if count > 1:
+            raise InputError("--placement", axis, f"spreads the layout over {count} {target.name} domains on {axis} "
+                             f"but no machine size is given; pass {domain_flag(target, count)}")
     deg = degrees_from_args(args, None if args.placement is None else
                             parse_placement(args.placement, target.axes(lnc, domains or 1)))
     if deg["dp"] == 0:  # the rest of the machine
@@ -142,5 +142,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _scale_out_factors(text: str, axis: str) -> list[str]:
-    """The factors a placement text gives the scale-out axis (e.g. ["2"] for "dp=efa2")."""
-    return re.findall(rf"(?<![A-Za-z_]){re.escape(axis)}(\d+)", text)
+    """The factors a placement text gives the scale-out axis (e.g. ["2"] for "dp=efa2"; at most 12 digits each)."""
+    return re.findall(rf"(?<![A-Za-z_]){re.escape(axis)}([0-9]{{1,12}})(?![0-9])", text)

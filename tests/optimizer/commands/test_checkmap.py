@@ -21,7 +21,7 @@ def write_layout(tmp_path, target_name="trn2u", model="llama3-70b", domains=2, l
     target = load_target(target_name)
     axes = target.axes(lnc, domains)
     deg = {"tp": 8, "pp": 1, "dp": target.ranks(lnc, domains) // 8, **degrees}
-    layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], zero=1, recompute="selective", lnc=lnc, axes=axes,
+    layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], zero=3, recompute="full", lnc=lnc, axes=axes,
                     placement=default_placement(axes, {"tp": deg["tp"], "dp": deg["dp"], "pp": deg["pp"]}))
     workload = Workload(load_model(model), Training(seq=4096, global_batch=512))
     path = tmp_path / "layout.json"
