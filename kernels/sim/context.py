@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import checks, rates
-from .errors import ConstraintError, UninitializedReadError, where
+from .errors import ConstraintError, UninitializedReadError, _Aborted, where
 from .rates import LinkModel
 from .lnc import SharedHbm
 from .rendezvous import Rendezvous
@@ -240,6 +240,8 @@ class CoreContext:
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Liveness of on-chip operands (``check_capacity``) and cross-program checks of an
         instruction's operands."""
+        if self.rendezvous.error is not None:  # the run failed or passed its time limit: stop here
+            raise _Aborted()
         for views in (reads, writes):
             for v in views:
                 _refuse_oob(v)

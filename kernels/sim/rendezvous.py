@@ -116,11 +116,18 @@ class Rendezvous:
                 return entry
             self._blocked[me] = (key, deposit.desc)
             clock = [time.monotonic(), None]  # start of the current stall, peers' progress then
+            checked = 0.0
             try:
                 while key not in self._done:
                     if self.error is not None:
                         raise _Aborted()
-                    self._check_stuck(me, key, entry, members, deposit, clock)
+                    # every completed collective wakes every waiter: the checks, which look at the
+                    # other participants, run at most once per POLL_S per waiter, not once per wake
+                    # (with 128 waiters that was 128 x 128 looks per ring step)
+                    now = time.monotonic()
+                    if now - checked >= self.POLL_S:
+                        self._check_stuck(me, key, entry, members, deposit, clock)
+                        checked = now
                     self._cond.wait(self.POLL_S)
             finally:
                 self._blocked.pop(me, None)
@@ -150,8 +157,10 @@ class Rendezvous:
                 f"{_fmt(me)}, {deposit.desc}: waits in replica group {ranks} for "
                 f"{', '.join(_fmt(m) for m in gone)}, which finished the kernel without issuing "
                 f"a matching collective (call #{key[1] + 1} on that group)"))
-        stuck = [p for p in self._alive if p in self._blocked and self._blocked[p][0] not in self._done]
-        if len(stuck) == len(self._alive):
+        # a deadlock needs every live participant blocked: counted first, listed only then
+        stuck = [] if len(self._blocked) < len(self._alive) else \
+            [p for p in self._alive if p in self._blocked and self._blocked[p][0] not in self._done]
+        if stuck and len(stuck) == len(self._alive):
             lines = [f"  {_fmt(p)} waits in {self._blocked[p][1]} on group {[m[0] for m in self._blocked[p][0][0]]}"
                      f" (call #{self._blocked[p][0][1] + 1})" for p in sorted(stuck)]
             raise self._fail(CollectiveMismatchError(

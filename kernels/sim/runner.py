@@ -45,6 +45,9 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -59,6 +62,24 @@ from .rendezvous import Rendezvous
 from .state import current, set_current
 from .tensor import NkiTensor
 from .timeline import Timeline
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("trnopt_sim_deadline", default=None)
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Every ``run_ranks`` called inside (from this thread) ends within ``seconds`` from now: a run
+    still going then raises ``watchdog.RunTimeLimitError`` and its ranks stop at their next
+    instruction (a caller's safety stop, e.g. `trnopt kernels --time-limit`). Nested limits
+    keep the nearer end."""
+    end = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -220,6 +241,9 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     world = len(args_per_rank)
     if world < 1:
         raise SimulatorError("run_ranks needs at least one rank")
+    deadline = _DEADLINE.get()
+    if deadline is not None and time.monotonic() > deadline:
+        raise watchdog.RunTimeLimitError("not started: its time limit had passed")
     if lnc is None:
         grid = kernel.grid if isinstance(kernel, Kernel) else (1,)
     else:
@@ -307,7 +331,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
                for p in participants}
     for t in threads.values():
         t.start()
-    watchdog.wait(threads, contexts, rdv, timeout_s)
+    watchdog.wait(threads, contexts, rdv, timeout_s, deadline=_DEADLINE.get())
     if errors:
         first = rdv.error if rdv.error is not None and rdv.error in errors else errors[0]
         raise first

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.output import check_output, write_stream
@@ -172,8 +173,21 @@ def check_output_args(args) -> None:
     """--json FILE (and --rank-map FILE where the command has it) writable, before the work starts."""
     check_output(args.json, "--json", args.force)
     check_output(getattr(args, "rank_map", None), "--rank-map", args.force)
-    if args.json == "-" and getattr(args, "rank_map", None) == "-":
+    rank_map = getattr(args, "rank_map", None)
+    if args.json == "-" and rank_map == "-":
         raise InputError("--rank-map", "rank_map", "'-' for both --json and --rank-map; give one a FILE")
+    if args.json and rank_map and "-" not in (args.json, rank_map) and same_file(args.json, rank_map):
+        raise InputError(rank_map, "--rank-map", f"the same file as --json {args.json}; give each its own file")
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two output paths name one file (the same path after resolving links and '..', or one file already)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: different paths, different files
+        return False
 
 
 def check_rank_map_size(args, ranks: int) -> None:

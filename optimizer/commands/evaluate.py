@@ -14,7 +14,7 @@ import sys
 from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, check_int, check_output_args,
                                             check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
                                             workload_from_args, write_rank_map)
-from trnopt.optimizer.commands.output import write_output
+from trnopt.optimizer.commands.output import to_stdout, write_output
 from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines, with_overlap_source
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
@@ -127,13 +127,20 @@ def run(args: argparse.Namespace) -> int:
     check_rank_map_size(args, layout.ranks)
     problem = Problem(workload, target, domains, args.headroom)
     e = problem.evaluate(layout)
+    doc = {"problem": problem_dict(args.target, args.model, workload, domains), **evaluation_dict(e),
+           "rank_map": rank_map_summary(layout, target)}
+    # files first: a reader that closes stdout early (`| head`) does not lose them
+    if args.json and args.json != "-":
+        write_output(args.json, doc, args.force)
+    if args.rank_map != "-":
+        write_rank_map(args, layout, target)
     if text_to_stdout(args):
         lines = with_overlap_source(evaluation_lines(e, target), e, problem)
-        print("\n".join(lines + [""] + rank_map_lines(e, target)))
-    if args.json:
-        write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains),
-                                 **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}, args.force)
-    write_rank_map(args, layout, target)
+        to_stdout(lambda: print("\n".join(lines + [""] + rank_map_lines(e, target))))
+    elif args.json == "-":
+        to_stdout(lambda: write_output("-", doc))
+    else:
+        to_stdout(lambda: write_rank_map(args, layout, target))
     if not e.fits:
         print(f"trnopt evaluate: the layout does not fit: {e.memory.total / GIB:.1f} GiB per chip, "
               f"{e.usable_bytes / GIB:.1f} usable", file=sys.stderr)

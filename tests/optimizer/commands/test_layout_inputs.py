@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from trnopt.kernels import command as kernels_command
 from trnopt.optimizer.commands.args import load_runnable_layout
 from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.errors import DoesNotFitError
@@ -45,11 +44,6 @@ def test_an_edited_model_that_does_not_fit_is_refused_by_every_reader(tmp_path, 
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("trnopt: does not fit: ") and "754.5 GiB" in err[0]
-
-
-def test_kernels_reads_layouts_through_the_one_loader():
-    # the command and the others share the check (no second reading of the file in kernels)
-    assert kernels_command.run.__code__.co_names.count("read_layout") == 0
 
 
 def test_a_bad_problem_key_is_named_once(tmp_path, capsys):
