@@ -106,7 +106,7 @@ def test_kernels_run_the_ring_expert_exchange_on_a_torus_ep_group(tmp_path, caps
     dp_row = tuple(a.size // e for a, e in zip(axes, ep_row))
     rows = tuple({"ep": ep_row, "dp": dp_row}.get(d, (1,) * len(axes)) for d in DIMS)
     ranks = math.prod(a.size for a in axes)
-    layout = Layout(tp=1, pp=1, dp=ranks, ep=4, axes=axes, placement=rows, lnc=2, zero=1, recompute="full")
+    layout = Layout(tp=1, pp=1, dp=ranks, ep=4, axes=axes, placement=rows, lnc=2, zero=3, recompute="full")
     wl = Workload(load_model("mixtral-8x7b"), Training())
     path = tmp_path / "moe.json"
     path.write_text(json.dumps({"problem": problem_dict("trn2", "mixtral-8x7b", wl, 1), "layout": layout_dict(layout)}))
