@@ -87,6 +87,11 @@ class CoreContext:
     def who(self) -> tuple[int, int]:
         return (self.rank, self.program)
 
+    def last_instruction(self) -> str:
+        """The rank's latest instruction, as messages name it (read from another thread: a report only)."""
+        seq = len(self._labels) - 1
+        return self.where(self._labels[seq], self._names.get(seq)) if seq >= 0 else f"{self.where('start')}: none yet"
+
     def where(self, op: str, name: str | None = None) -> str:
         return where(self.rank, op, name, self.program)
 
