@@ -11,6 +11,7 @@ OBJECTIVE = "step-time"      # or "goodput": step time / goodput
 OBJECTIVES = ("step-time", "goodput")
 ZERO_STAGES = (0, 1, 2, 3)
 TIME_LIMIT_S = 60.0          # seconds for the whole search
+KERNELS_TIME_LIMIT_S = 300.0  # seconds of simulator runs in `trnopt kernels` (its safety stop)
 TOP = 3                      # runner-up layouts shown
 SEED = 0                     # CP-SAT random seed
 # CP-SAT workers: four beat two on these 2-core machines (benchmarks/solver_scaling.py: the

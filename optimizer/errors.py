@@ -21,6 +21,11 @@ class InputError(Exception):
         super().__init__(f"{self.source}: {self.key}: {self.rule}")
 
 
+class DoesNotFitError(Exception):
+    """A layout file names a layout whose memory per chip exceeds the chip's HBM: it cannot run (exit 1,
+    as `trnopt evaluate` exits on a layout that does not fit)."""
+
+
 class InfeasibleError(Exception):
     """No layout fits the target; the message explains why and what would fit (exit 3)."""
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import checks, rates
-from .errors import ConstraintError, UninitializedReadError, where
+from .errors import ConstraintError, UninitializedReadError, _Aborted, where
 from .rates import LinkModel
 from .lnc import SharedHbm
 from .onchip import OnChipSpace, allocation_site
@@ -48,6 +48,11 @@ class CoreContext:
     @property
     def who(self) -> tuple[int, int]:
         return (self.rank, self.program)
+
+    def last_instruction(self) -> str:
+        """The rank's latest instruction, as messages name it (read from another thread: a report only)."""
+        seq = len(self._labels) - 1
+        return self.where(self._labels[seq], self._names.get(seq)) if seq >= 0 else f"{self.where('start')}: none yet"
 
     def where(self, op: str, name: str | None = None) -> str:
         return where(self.rank, op, name, self.program)
@@ -241,6 +246,8 @@ class CoreContext:
     def accesses(self, op: str, name: str | None, reads: list[NkiTensor], writes: list[NkiTensor]) -> None:
         """Liveness of on-chip operands (``check_capacity``) and cross-program checks of an
         instruction's operands."""
+        if self.rendezvous.error is not None:  # the run failed or passed its time limit: stop here
+            raise _Aborted()
         for views in (reads, writes):
             for v in views:
                 _refuse_oob(v)

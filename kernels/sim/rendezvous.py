@@ -47,11 +47,15 @@ class Rendezvous:
     """Meeting point of all participants of one run."""
 
     POLL_S = 0.05
+    DIVERGED_FACTOR = 2     # a peer's instructions while a waiter waits, over the waiter's before it arrived ...
+    DIVERGED_MIN = 20_000   # ... plus this many, before the peer is taken to have skipped the collective
 
     def __init__(self, participants: list[Participant], timeout_s: float,
-                 progress: Callable[[Participant], int] | None = None, symmetric: bool = False) -> None:
+                 progress: Callable[[Participant], int] | None = None, symmetric: bool = False,
+                 last: Callable[[Participant], str] | None = None) -> None:
         self._cond = threading.Condition()
         self._progress = progress
+        self._last = last
         self.symmetric = symmetric
         self._alive = set(participants)
         self._participants = frozenset(participants)
@@ -115,12 +119,20 @@ class Rendezvous:
                 self._cond.notify_all()
                 return entry
             self._blocked[me] = (key, deposit.desc)
-            clock = [time.monotonic(), None]  # start of the current stall, peers' progress then
+            # start of the current stall, peers' progress then, each missing peer's count and mine at arrival
+            clock = [time.monotonic(), None, {}, self._progress(me) if self._progress else 0]
+            checked = 0.0
             try:
                 while key not in self._done:
                     if self.error is not None:
                         raise _Aborted()
-                    self._check_stuck(me, key, entry, members, deposit, clock)
+                    # every completed collective wakes every waiter: the checks, which look at the
+                    # other participants, run at most once per POLL_S per waiter, not once per wake
+                    # (with 128 waiters that was 128 x 128 looks per ring step)
+                    now = time.monotonic()
+                    if now - checked >= self.POLL_S:
+                        self._check_stuck(me, key, entry, members, deposit, clock)
+                        checked = now
                     self._cond.wait(self.POLL_S)
             finally:
                 self._blocked.pop(me, None)
@@ -150,8 +162,10 @@ class Rendezvous:
                 f"{_fmt(me)}, {deposit.desc}: waits in replica group {ranks} for "
                 f"{', '.join(_fmt(m) for m in gone)}, which finished the kernel without issuing "
                 f"a matching collective (call #{key[1] + 1} on that group)"))
-        stuck = [p for p in self._alive if p in self._blocked and self._blocked[p][0] not in self._done]
-        if len(stuck) == len(self._alive):
+        # a deadlock needs every live participant blocked: counted first, listed only then
+        stuck = [] if len(self._blocked) < len(self._alive) else \
+            [p for p in self._alive if p in self._blocked and self._blocked[p][0] not in self._done]
+        if stuck and len(stuck) == len(self._alive):
             lines = [f"  {_fmt(p)} waits in {self._blocked[p][1]} on group {[m[0] for m in self._blocked[p][0][0]]}"
                      f" (call #{self._blocked[p][0][1] + 1})" for p in sorted(stuck)]
             raise self._fail(CollectiveMismatchError(
@@ -159,9 +173,11 @@ class Rendezvous:
                 + "\n".join(lines)))
         now = time.monotonic()
         if self._progress is not None:
-            done = sum(self._progress(m) for m in missing)
+            counts = {m: self._progress(m) for m in missing}
+            done = sum(counts.values())
             if done != clock[1]:
                 clock[0], clock[1] = now, done  # a peer issued instructions: not a stall
+            self._check_diverged(me, key, members, deposit, counts, clock)
         if now - clock[0] > self.timeout_s and debugging():
             clock[0] = now  # a peer stopped in a debugger is not stalled
         if now - clock[0] > self.timeout_s:
@@ -169,3 +185,18 @@ class Rendezvous:
                 f"{_fmt(me)}, {deposit.desc}: blocked for {now - clock[0]:.1f} s (timeout_s={self.timeout_s:g}) "
                 f"in replica group {ranks} waiting for {', '.join(_fmt(m) for m in missing)}, which issued "
                 f"no instruction in that time"))
+
+    def _check_diverged(self, me: Participant, key: tuple, members: tuple, deposit: Deposit,
+                        counts: dict[Participant, int], clock: list) -> None:
+        """Fail when a missing peer keeps issuing instructions far past where it should have arrived."""
+        start, mine = clock[2], clock[3]
+        limit = self.DIVERGED_FACTOR * mine + self.DIVERGED_MIN
+        for peer, count in counts.items():
+            since = count - start.setdefault(peer, count)
+            if since > limit:
+                last = self._last(peer) if self._last is not None else "an unknown instruction"
+                raise self._fail(CollectiveMismatchError(
+                    f"{_fmt(me)}, {deposit.desc}: waits in replica group {[m[0] for m in members]} for "
+                    f"{_fmt(peer)}, which has issued {since:,} instructions since without reaching this "
+                    f"collective (call #{key[1] + 1} on that group; the waiter issued {mine:,} before it): it "
+                    f"skipped the collective or took another path; its last instruction: {last}"))

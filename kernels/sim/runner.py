@@ -38,6 +38,14 @@ arguments that differ between ranks, an asymmetric group, a rank-dependent loop)
 ``symmetric=None`` (the default) chooses: symmetric when numerics=False, more than one
 rank, and the arguments agree; if a SymmetryError comes up, it falls back to the full run.
 ``symmetric=False`` always runs every rank.
+
+What a run cannot see
+---------------------
+A run says what it could not check in ``SimResult.unseen`` (empty for a full run with
+numerics): ``numerics=False`` computes no data, so a read of unwritten memory and a result
+written to the wrong (in-bounds) place go unseen (NUMERICS_OFF); a symmetric run simulates
+rank 0 only, so such a fault on one other rank, at its rank-dependent offset, goes unseen
+too (SYMMETRIC). A caller that needs them runs ``numerics=True`` (which is never symmetric).
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -61,6 +72,24 @@ from .tensor import NkiTensor
 from .timeline import Timeline
 
 
+_DEADLINE: ContextVar[float | None] = ContextVar("trnopt_sim_deadline", default=None)
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Every ``run_ranks`` called inside (from this thread) ends within ``seconds`` from now: a run
+    still going then raises ``watchdog.RunTimeLimitError`` and its ranks stop at their next
+    instruction (a caller's safety stop, e.g. `trnopt kernels --time-limit`). Nested limits
+    keep the nearer end."""
+    end = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape and dtype of a kernel argument in ``numerics=False`` runs (no data)."""
@@ -74,12 +103,20 @@ class SimResult:
     """``outputs``: per rank, the kernel's return value as NumPy (tuples stay tuples; None
     when numerics=False). ``timeline``: the engine timeline of the run. ``symmetric``: True
     when only rank 0 was simulated (see the module docstring). ``inputs``: per rank, the
-    array arguments (positional list, keyword dict) as the kernel left them (numerics only)."""
+    array arguments (positional list, keyword dict) as the kernel left them (numerics only).
+    ``unseen``: what the run could not check (module docstring, "What a run cannot see")."""
 
     outputs: list[Any] | None
     timeline: Timeline
     symmetric: bool = False
     inputs: list[tuple[list, dict]] | None = None  # per rank: the final data of the array arguments
+    unseen: tuple[str, ...] = ()  # what this run could not check (module docstring: NUMERICS_OFF, SYMMETRIC)
+
+
+NUMERICS_OFF = ("values: numerics=False computes no data, so a read of unwritten memory or a result in the "
+                "wrong (in-bounds) place is not seen; run with numerics=True")
+SYMMETRIC = ("ranks other than rank 0: the symmetric run simulated rank 0 only, so a fault that shows only in "
+             "another rank's data (at its rank-dependent offset) is not seen; run with numerics=True")
 
 
 class Kernel:
@@ -220,6 +257,9 @@ def run_ranks(kernel: Any, args_per_rank: Sequence[Sequence[Any]], *, link: Link
     world = len(args_per_rank)
     if world < 1:
         raise SimulatorError("run_ranks needs at least one rank")
+    deadline = _DEADLINE.get()
+    if deadline is not None and time.monotonic() > deadline:
+        raise watchdog.RunTimeLimitError("not started: its time limit had passed")
     if lnc is None:
         grid = kernel.grid if isinstance(kernel, Kernel) else (1,)
     else:
@@ -263,7 +303,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
     participants = [(r, p) for r in ranks for p in range(lnc)]
     contexts: dict[tuple[int, int], CoreContext] = {}
     rdv = Rendezvous(participants, timeout_s, progress=lambda who: contexts[who].timeline.issued,
-                     symmetric=symmetric)
+                     symmetric=symmetric, last=lambda who: contexts[who].last_instruction())
     shared = {r: SharedHbm(lnc) for r in ranks}
     contexts.update({(r, p): CoreContext(rank=r, program=p, lnc=lnc, world=world, numerics=numerics,
                                          sbuf_limit=sbuf_limit, links=links, default_link=default_link,
@@ -307,7 +347,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
                for p in participants}
     for t in threads.values():
         t.start()
-    watchdog.wait(threads, contexts, rdv, timeout_s)
+    watchdog.wait(threads, contexts, rdv, timeout_s, deadline=_DEADLINE.get())
     if errors:
         first = rdv.error if rdv.error is not None and rdv.error in errors else errors[0]
         raise first
@@ -320,7 +360,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
         timeline = Timeline.from_cores(reps)
         timeline.cores = [_relabel(reps[p], r) for r in range(world) for p in range(lnc)]
         timeline.symmetric = True
-        return SimResult(None, timeline, symmetric=True)
+        return SimResult(None, timeline, symmetric=True, unseen=(NUMERICS_OFF, SYMMETRIC))
     timeline = Timeline.from_cores([contexts[p].timeline for p in participants])
     # converted after every program finished: the programs of a rank share the output
     outputs = [_to_numpy(results.get((r, 0)), contexts[(r, 0)]) for r in range(world)] if numerics else None
@@ -329,7 +369,7 @@ def _run(kernel: Any, args_per_rank: Sequence[Sequence[Any]], link: Any, numeric
         finals = [([_to_numpy(a, contexts[(r, 0)]) for a in input_allocs[r][0]],
                    {k: _to_numpy(v, contexts[(r, 0)]) for k, v in input_allocs[r][1].items()})
                   for r in range(world) if r in input_allocs]
-    return SimResult(outputs, timeline, inputs=finals)
+    return SimResult(outputs, timeline, inputs=finals, unseen=() if numerics else (NUMERICS_OFF,))
 
 
 def _relabel(core: Any, rank: int) -> Any:

@@ -29,6 +29,10 @@ class StallError(SimulatorError):
     """No rank made progress for the run's timeout."""
 
 
+class RunTimeLimitError(SimulatorError):
+    """The run was still going at its deadline (``runner.time_limit``): stopped, not failed."""
+
+
 def _innermost_user_frame(thread: threading.Thread) -> str:
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
@@ -57,8 +61,11 @@ def debugging() -> bool:
     return False
 
 
-def wait(threads: dict[Any, threading.Thread], contexts: dict[Any, Any], rdv: Any, timeout_s: float) -> None:
-    """Join ``threads``; raise StallError after ``timeout_s`` seconds without progress."""
+def wait(threads: dict[Any, threading.Thread], contexts: dict[Any, Any], rdv: Any, timeout_s: float,
+         deadline: float | None = None) -> None:
+    """Join ``threads``; raise StallError after ``timeout_s`` seconds without progress, and
+    RunTimeLimitError once ``time.monotonic()`` passes ``deadline`` (None: no deadline); either
+    aborts the rendezvous, so every rank stops at its next instruction or collective."""
     def progress() -> int:
         return sum(c.timeline.issued for c in contexts.values()) + sum(not t.is_alive() for t in threads.values())
 
@@ -69,6 +76,11 @@ def wait(threads: dict[Any, threading.Thread], contexts: dict[Any, Any], rdv: An
             return
         threads[alive[0]].join(POLL_S)
         now, seen = time.monotonic(), progress()
+        if deadline is not None and now > deadline and rdv.error is None and not debugging():
+            err = RunTimeLimitError(f"stopped at its time limit with {len(alive)} of {len(threads)} rank "
+                                    f"program(s) still running ({progress()} instructions issued)")
+            rdv.abort(err)
+            raise err
         if seen != last or debugging():
             last, since = seen, now
             continue

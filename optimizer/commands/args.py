@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.output import check_output, write_stream
-from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.cost.evaluate import Evaluation
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.errors import DoesNotFitError, InputError
 from trnopt.optimizer.model import bounds
+from trnopt.optimizer.frameworks.profile import check_runs
+from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.layoutfile import layout_framework, read_layout
 from trnopt.optimizer.model.placement import MAX_CSV_RANKS, rank_map_csv
 from trnopt.optimizer.model.scale import check_scale
-from trnopt.optimizer.model.target import Target, check_domains
+from trnopt.optimizer.model.target import GIB, Target, check_domains
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 MAX_WORKERS = 64             # CP-SAT workers: far more than the cores of any machine trnopt runs on
@@ -87,6 +93,28 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     add_output_args(p)
 
 
+def load_runnable_layout(path: str) -> tuple[Target, Workload, Layout, Evaluation]:
+    """A layout file (``read_layout``: every key checked) scored again by the cost model (``Problem.evaluate``).
+
+    The file's numbers are not trusted (a hand-edited ``problem.model`` keeps the old
+    ``fits``); a layout whose memory per chip exceeds the chip's HBM cannot run and raises
+    DoesNotFitError (exit 1, as `trnopt evaluate` on a layout that does not fit). The file
+    does not record the headroom its solve kept, so the check is against the whole HBM
+    (headroom 0): a layout trnopt solved with any headroom passes, one no chip holds does not.
+    A layout that breaks a rule of the framework the file names (``profile.check_runs``) is
+    bad input (exit 2, naming the rule).
+    """
+    target, workload, layout = read_layout(path)
+    check_runs(layout, workload, layout_framework(path), path)
+    problem = Problem(workload, target, layout.domains, headroom=0.0)
+    evaluation = problem.evaluate(layout)
+    if not evaluation.fits:
+        raise DoesNotFitError(f"{path}: the layout {layout.describe()} needs {evaluation.memory.total / GIB:.1f} GiB "
+                              f"per chip running {workload.model.name} on {target.name}; the chip has "
+                              f"{evaluation.usable_bytes / GIB:.1f} GiB of HBM (`trnopt evaluate` scores it)")
+    return target, workload, layout, evaluation
+
+
 def domains_from_args(target: Target, args) -> int | None:
     """--ultraservers N is N domains; --instances N is N / instances-per-domain domains (at most bounds.MAX_CHIPS chips)."""
     if args.ultraservers is not None:
@@ -149,8 +177,21 @@ def check_output_args(args) -> None:
     """--json FILE (and --rank-map FILE where the command has it) writable, before the work starts."""
     check_output(args.json, "--json", args.force)
     check_output(getattr(args, "rank_map", None), "--rank-map", args.force)
-    if args.json == "-" and getattr(args, "rank_map", None) == "-":
+    rank_map = getattr(args, "rank_map", None)
+    if args.json == "-" and rank_map == "-":
         raise InputError("--rank-map", "rank_map", "'-' for both --json and --rank-map; give one a FILE")
+    if args.json and rank_map and "-" not in (args.json, rank_map) and same_file(args.json, rank_map):
+        raise InputError(rank_map, "--rank-map", f"the same file as --json {args.json}; give each its own file")
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two output paths name one file (the same path after resolving links and '..', or one file already)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: different paths, different files
+        return False
 
 
 def check_rank_map_size(args, ranks: int) -> None:

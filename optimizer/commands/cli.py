@@ -1,7 +1,8 @@
 """The `trnopt` command line: the parser of every command, and one way out for every error.
 
 Exit codes: 0 success (a time limit that cut a search short is a warning with the gap),
-1 a check found a problem (check-map, kernels, evaluate of a layout that does not fit),
+1 a check found a problem (check-map, kernels, evaluate of a layout that does not fit; kernels, map
+and check-map of a layout file whose layout does not fit the chip's HBM),
 2 bad input (one line naming the file, the key and the rule), 3 no feasible layout
 (proven, with the explanation), 4 the time limit passed before any layout was found, 70
 an internal error (one line; --debug shows the traceback).
@@ -16,7 +17,7 @@ import sys
 from trnopt.kernels import command as kernels_command
 from trnopt.optimizer.commands import calibrate, catalog, checkmap, compare, evaluate, launch, solve
 from trnopt.optimizer.commands import map as map_command
-from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError, one_line
+from trnopt.optimizer.errors import DoesNotFitError, InfeasibleError, InputError, TimeLimitError, one_line
 
 COMMANDS = (catalog, evaluate, solve, compare, map_command, checkmap, launch, calibrate, kernels_command)
 
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"trnopt: error: {exc}", file=sys.stderr)
         return 2
+    except DoesNotFitError as exc:
+        if args.debug:
+            raise
+        print(f"trnopt: does not fit: {one_line(exc)}", file=sys.stderr)
+        return 1
     except InfeasibleError as exc:
         if args.debug:
             raise

@@ -18,6 +18,7 @@ from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 from trnopt.optimizer.search.space import CP_MAX, CP_MIN_SEQ, divisors
+from trnopt.optimizer.search.domains import LeastMemory
 
 
 class Degrees:
@@ -101,12 +102,16 @@ def check_degrees(workload: Workload, target: Target, lnc_values: tuple[int, ...
 
 
 def fits_on_no_count(workload: Workload, target: Target, headroom: float, most: int, tiled: int,
-                     need_bytes: float) -> str:
-    """Why no domain count up to ``most`` fits, with the memory floor on ``tiled`` domains (the most that tile)."""
+                     need: float | LeastMemory) -> str:
+    """Why no domain count up to ``most`` fits, with the least-memory layout on ``tiled`` domains (the most
+    that tile) and its cost-model memory (``LeastMemory``), or a bare floor in bytes."""
     m = workload.model
-    floor = (f"on {tiled} domains the least memory any layout needs is at least {need_bytes / 2**30:.1f} GiB per "
-             "chip" if math.isfinite(need_bytes) else
-             f"on {tiled} domains no layout's memory could be bounded within the search's limits")
+    if isinstance(need, LeastMemory):
+        floor = f"on {tiled} domains {need.text()}"
+    elif math.isfinite(need):
+        floor = f"on {tiled} domains the least memory any layout needs is at least {need / 2**30:.1f} GiB per chip"
+    else:
+        floor = f"on {tiled} domains no layout's memory could be bounded within the search's limits"
     return (f"{m.name} fits on no count of {target.name} domains up to {most} with {headroom:.0%} headroom: {floor}, "
             f"against {usable_hbm(target, headroom) / 2**30:.1f} GiB usable; what would fit: more domains (--ultraservers/--instances), a smaller global batch or sequence, "
             "or a smaller --headroom")

@@ -14,7 +14,7 @@ import sys
 from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, check_int, check_output_args,
                                             check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
                                             workload_from_args, write_rank_map)
-from trnopt.optimizer.commands.output import write_output
+from trnopt.optimizer.commands.output import to_stdout, write_output
 from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines, with_overlap_source
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
@@ -25,6 +25,7 @@ from trnopt.optimizer.frameworks.profile import PROFILES, check_runs
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.placement import rank_map_summary
 from trnopt.optimizer.model.target import GIB, check_domains, load_target
+from trnopt.optimizer.search.domains import domain_flag
 
 
 def register(sub) -> None:
@@ -91,13 +92,12 @@ def run(args: argparse.Namespace) -> int:
     domains = domains_from_args(target, args)
     per_domain = target.ranks(lnc, 1)
     if domains is None and args.placement is not None:
-        # the scale-out factor the placement names (1 when it names none)
-        probe = target.axes(lnc, 1)
-        factors = _scale_out_factors(args.placement, probe[-1].name)
-        if any(len(f) > 12 for f in factors):
-            raise InputError("--placement", probe[-1].name, "a factor of more than 12 digits")
-        domains = max(1, math.prod(int(f) for f in factors))
-        check_domains(target, domains, "--placement", probe[-1].name)
+        # a scale-out factor without a machine size: the user states the machine, trnopt does not guess it
+        axis = target.axes(lnc, 1)[-1].name
+        count = math.prod(int(f) for f in _scale_out_factors(args.placement, axis))
+        if count > 1:
+            raise InputError("--placement", axis, f"spreads the layout over {count} {target.name} domains on {axis} "
+                             f"but no machine size is given; pass {domain_flag(target, count)}")
     deg = degrees_from_args(args, None if args.placement is None else
                             parse_placement(args.placement, target.axes(lnc, domains or 1)))
     if deg["dp"] == 0:  # the rest of the machine
@@ -134,13 +134,20 @@ def run(args: argparse.Namespace) -> int:
     check_rank_map_size(args, layout.ranks)
     problem = Problem(workload, target, domains, args.headroom)
     e = problem.evaluate(layout)
+    doc = {"problem": problem_dict(args.target, args.model, workload, domains, args.framework), **evaluation_dict(e),
+           "rank_map": rank_map_summary(layout, target)}
+    # files first: a reader that closes stdout early (`| head`) does not lose them
+    if args.json and args.json != "-":
+        write_output(args.json, doc, args.force)
+    if args.rank_map != "-":
+        write_rank_map(args, layout, target)
     if text_to_stdout(args):
         lines = with_overlap_source(evaluation_lines(e, target), e, problem)
-        print("\n".join(lines + [""] + rank_map_lines(e, target)))
-    if args.json:
-        write_output(args.json, {"problem": problem_dict(args.target, args.model, workload, domains, args.framework),
-                                 **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}, args.force)
-    write_rank_map(args, layout, target)
+        to_stdout(lambda: print("\n".join(lines + [""] + rank_map_lines(e, target))))
+    elif args.json == "-":
+        to_stdout(lambda: write_output("-", doc))
+    else:
+        to_stdout(lambda: write_rank_map(args, layout, target))
     if not e.fits:
         print(f"trnopt evaluate: the layout does not fit: {e.memory.total / GIB:.1f} GiB per chip, "
               f"{e.usable_bytes / GIB:.1f} usable", file=sys.stderr)
@@ -149,5 +156,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _scale_out_factors(text: str, axis: str) -> list[str]:
-    """The factors a placement text gives the scale-out axis (e.g. ["2"] for "dp=efa2")."""
-    return re.findall(rf"(?<![A-Za-z_]){re.escape(axis)}(\d+)", text)
+    """The factors a placement text gives the scale-out axis (e.g. ["2"] for "dp=efa2"; at most 12 digits each)."""
+    return re.findall(rf"(?<![A-Za-z_]){re.escape(axis)}([0-9]{{1,12}})(?![0-9])", text)

@@ -19,11 +19,10 @@ import io
 import math
 from dataclasses import dataclass
 
-from trnopt.optimizer.commands.args import check_int
+from trnopt.optimizer.commands.args import check_int, load_runnable_layout
 from trnopt.optimizer.commands.output import check_output
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout
-from trnopt.optimizer.model.layoutfile import read_layout
 from trnopt.optimizer.model.placement import _ranges, instance_ranks, stage, tp_group, tp_summary
 from trnopt.optimizer.model.target import Target
 
@@ -201,7 +200,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     check_int(args.domains, "--domains", 1, MAX_DRAWN)
     check_output(args.png, "--png", args.force)
-    target, _, layout = read_layout(args.layout)
+    target, _, layout, _ = load_runnable_layout(args.layout)
     args.domains = min(args.domains, max(1, MAX_DRAWN_RANKS // target.ranks(layout.lnc, 1)))
     if args.png:
         png_map(layout, target, args.png, args.force, args.domains)

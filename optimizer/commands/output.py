@@ -20,7 +20,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from trnopt.optimizer.errors import InputError
 
@@ -56,6 +56,16 @@ def check_output(path: str | None, flag: str = "--json", force: bool = False) ->
         os.unlink(probe)
     except OSError as exc:
         raise InputError(path, flag, f"cannot write in {folder} ({exc.strerror or exc})") from None
+
+
+def to_stdout(write: Callable[[], object]) -> None:
+    """Run ``write`` (what a command prints to stdout) and flush it; a reader that left (``| head``)
+    stops it quietly: commands write their files before stdout, and stderr stays open for the rest."""
+    try:
+        write()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
 
 
 def write_output(path: str, payload: dict | str | bytes, force: bool = False, flag: str = "--json") -> None:

@@ -13,7 +13,7 @@ from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, 
                                             lnc_from_args, text_to_stdout, workload_from_args, write_rank_map,
                                             zero_stages_from_args)
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
-from trnopt.optimizer.commands.output import write_output
+from trnopt.optimizer.commands.output import to_stdout, write_output
 from trnopt.optimizer.commands.report import NoOverlapAnswer, solve_dict, solve_text
 from trnopt.optimizer.cost.overlap import NO_OVERLAP
 from trnopt.optimizer.cost.problem import Problem
@@ -23,7 +23,8 @@ from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
 from trnopt.optimizer.frameworks.profile import PROFILES, FrameworkProfile
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.target import GIB, load_target
-from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory
+from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_domains, least_memory,
+                                             least_memory_found)
 from trnopt.optimizer.search.driver import solve
 
 
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed, deadline=deadline)
         if found is None:
-            need = least_memory(replace(problem, domains=tiled), args.workers, args.seed, deadline)
+            need = least_memory_found(replace(problem, domains=tiled), args.workers, args.seed, deadline)
             raise InfeasibleError(fits_on_no_count(workload, target, args.headroom, MAX_DOMAINS, tiled, need))
         if found > 1:
             need = least_memory(problem, args.workers, args.seed, deadline)
@@ -91,15 +92,19 @@ def run(args: argparse.Namespace) -> int:
     result.domains_note = note
     no_overlap = no_overlap_answer(problem, result, args)
     info = problem_dict(args.target, args.model, workload, problem.domains, framework.name)
-    if args.format == "json" or args.json == "-":
-        write_output("-", solve_dict(result, info, no_overlap))
-    elif args.format in export.FORMATS:
-        export.write(args.format, result)
-    elif text_to_stdout(args):
-        print(solve_text(result, no_overlap))
+    # files first: a reader that closes stdout early (`| head`) does not lose them
     if args.json and args.json != "-":
         write_output(args.json, solve_dict(result, info, no_overlap), args.force)
-    write_rank_map(args, result.best.layout, target)
+    if args.rank_map != "-":
+        write_rank_map(args, result.best.layout, target)
+    if args.format == "json" or args.json == "-":
+        to_stdout(lambda: write_output("-", solve_dict(result, info, no_overlap)))
+    elif args.format in export.FORMATS:
+        to_stdout(lambda: export.write(args.format, result))
+    elif text_to_stdout(args):
+        to_stdout(lambda: print(solve_text(result, no_overlap)))
+    else:
+        to_stdout(lambda: write_rank_map(args, result.best.layout, target))
     for why in (framework.supports(result.best.layout, workload), framework.producible(result.best.layout, target)):
         if why:
             print(f"trnopt: warning: {why}", file=sys.stderr)

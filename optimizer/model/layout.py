@@ -317,11 +317,13 @@ def parse_placement(text: str, axes: tuple[Axis, ...], source: str = "--placemen
     Dimensions are separated by ";", each dimension's factors by ","; a factor is an axis
     name followed by how many of that axis's positions the dimension takes. The ``dp``
     entry places the dp // ep expert replicas (as ``Layout.placement`` does). Dimensions
-    and axes not named take a factor of 1. Raises InputError naming the part that breaks
+    and axes not named take a factor of 1; a dimension has one entry, an axis appears once
+    in it, and factors are ASCII digits. Raises InputError naming the part that breaks
     a rule; whether the rows tile the axes is checked by ``Layout`` itself.
     """
     names = {a.name: j for j, a in enumerate(axes)}
     rows = {d: [1] * len(axes) for d in DIMS}
+    seen: dict[str, str] = {}  # dimension -> its entry, to refuse a second entry
     for part in (p.strip() for p in text.split(";")):
         if not part:
             continue
@@ -329,15 +331,26 @@ def parse_placement(text: str, axes: tuple[Axis, ...], source: str = "--placemen
         dim = dim.strip()
         if not eq or dim not in DIMS:
             raise InputError(source, part, f"expected DIM=AXIS<factor>,... with DIM one of {', '.join(DIMS)}")
+        if dim in seen:
+            raise InputError(source, part, f"{dim} is given twice ({seen[dim]!r} and {part!r}); give all of its "
+                             f"factors in one entry, e.g. {dim}=core4,x2")
+        seen[dim] = part
+        named: set[str] = set()
         for item in (f.strip() for f in factors.split(",")):
-            match = re.fullmatch(r"([A-Za-z_]+?)(\d+)", item)
+            # ASCII digits only: int() would also read '٤' or '４' as 4
+            match = re.fullmatch(r"([A-Za-z_]+?)([0-9]+)", item, flags=re.ASCII)
             if match is None or match.group(1) not in names:
-                raise InputError(source, f"{dim}={item}", "expected an axis name and a factor, e.g. x4; axes are "
-                                 + ", ".join(f"{a.name}{a.size}" for a in axes))
-            j, factor = names[match.group(1)], int(match.group(2))
+                raise InputError(source, f"{dim}={item}", "expected an axis name and a factor in ASCII digits, "
+                                 "e.g. x4; axes are " + ", ".join(f"{a.name}{a.size}" for a in axes))
+            axis = match.group(1)
+            if axis in named:
+                raise InputError(source, f"{dim}={item}", f"axis {axis} is named twice in {dim}; name each "
+                                 "axis once with the dimension's whole factor on it")
+            named.add(axis)
+            j, factor = names[axis], int(match.group(2))
             if factor < 1 or axes[j].size % factor:
                 raise InputError(source, f"{dim}={item}", f"the factor must divide the axis size {axes[j].size}")
-            rows[dim][j] *= factor
+            rows[dim][j] = factor
     return tuple(tuple(rows[d]) for d in DIMS)
 
 

@@ -60,8 +60,9 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
     try:
         training = Training(seq=problem.int("seq", 8192, maximum=MAX_SEQ),
                             global_batch=problem.int("global_batch", 1024, maximum=MAX_GLOBAL_BATCH))
-    except InputError as exc:
-        raise InputError(path, f"problem.{exc.key}", exc.rule) from None
+    except InputError as exc:  # Training's own checks name the bare key; the Table's already say problem.
+        key = exc.key if exc.key.startswith("problem.") else f"problem.{exc.key}"
+        raise InputError(path, key, exc.rule) from None
     domains = problem.int("domains", maximum=MAX_DOMAINS)
     if problem.has("framework"):
         problem.choice("framework", FRAMEWORKS)

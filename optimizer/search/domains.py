@@ -8,12 +8,14 @@ layout fits the HBM less the headroom.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.memory import sharded_state_per_chip, usable_hbm
+from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import TimeLimitError
+from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.target import GIB
 from trnopt.optimizer.search.cpsat import LayoutModel
 from trnopt.optimizer.search.solver import STATUS, solver_for
@@ -22,15 +24,38 @@ from trnopt.optimizer.search.space import Space
 MAX_DOMAINS = 64
 
 
+@dataclass(frozen=True)
+class LeastMemory:
+    """The least memory per chip the search found on one problem's machine."""
+
+    floor: float
+    """Bytes per chip no layout beats: CP-SAT's proven bound, or the training state sharded over every chip."""
+    found: Evaluation | None
+    """The least-memory layout CP-SAT found, scored by the cost model (None: none within the time limit)."""
+    proven: bool
+    """Whether CP-SAT proved ``found`` the least."""
+
+    def text(self) -> str:
+        """The layout and its cost-model memory (the number an explanation quotes), else the floor."""
+        if self.found is None:
+            return (f"no layout's memory was found within the time limit; the training state alone, sharded "
+                    f"over every chip, needs {self.floor / GIB:.1f} GiB per chip")
+        lay = self.found.layout
+        return (f"the least-memory layout{'' if self.proven else ' found'}, {lay.describe()} "
+                f"[{lay.placement_text() or 'one rank'}], needs {self.found.memory.total / GIB:.1f} GiB per chip")
+
+
 def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = defaults.WORKERS,
-                   seed: int = defaults.SEED) -> float | None:
-    """A floor on the memory per chip (bytes) every layout of the space needs, HBM limit ignored:
-    the least memory when proven within the time limit, else CP-SAT's proven bound."""
+                   seed: int = defaults.SEED) -> tuple[float, Layout | None, bool] | None:
+    """(CP-SAT's proven floor on the memory per chip every layout of the space needs, HBM limit
+    ignored; the least-memory layout found; whether it is proven the least), None when no layout
+    was found within the time limit."""
     lm = LayoutModel(space, memory_objective=True)
     solver = solver_for(time_limit, workers, seed, interleave=False)  # the bound is the answer, not the layout
-    if STATUS[solver.solve(lm.model)] not in ("OPTIMAL", "FEASIBLE"):
+    status = STATUS[solver.solve(lm.model)]
+    if status not in ("OPTIMAL", "FEASIBLE"):
         return None
-    return solver.best_objective_bound
+    return solver.best_objective_bound, lm.layout(solver), status == "OPTIMAL"
 
 
 def fits(space: Space, time_limit: float = 20.0, workers: int = defaults.WORKERS,
@@ -49,31 +74,45 @@ def _left(deadline: float | None, cap: float) -> float:
     return cap if deadline is None else min(cap, deadline - time.perf_counter())
 
 
-def least_memory(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
-                 deadline: float | None = None) -> float:
-    """A floor on the memory per chip (bytes) every layout needs on this problem's machine: CP-SAT's
-    least memory (or its proven bound), else the training state sharded over every chip plus
-    the runtime reserve, which no layout beats."""
-    values = []
-    for lnc in problem.lnc_values:
-        left = _left(deadline, 10.0)
-        if left > 0.5:
-            values.append(minimum_memory(Space(problem, lnc), time_limit=left, workers=workers, seed=seed))
+def least_memory_found(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
+                       deadline: float | None = None) -> LeastMemory:
+    """The least-memory layout CP-SAT finds on this problem's machine (every LNC), scored by the
+    cost model, and a floor no layout beats: CP-SAT's bound, else the training state sharded
+    over every chip plus the runtime reserve."""
     t, w = problem.target, problem.workload
     floor = (sharded_state_per_chip(w.model.total_params(), problem.domains * t.chips_per_domain,
                                     w.training.state_bytes_per_param) + t.runtime_reserve_bytes)
-    return max(floor, min((v for v in values if v is not None), default=floor))
+    bounds, best, proven = [], None, True
+    for lnc in problem.lnc_values:
+        left = _left(deadline, 10.0)
+        got = minimum_memory(Space(problem, lnc), time_limit=left, workers=workers, seed=seed) if left > 0.5 else None
+        if got is None:
+            proven = False
+            continue
+        bounds.append(got[0])
+        e = problem.evaluate(got[1])
+        proven = proven and got[2]
+        if best is None or e.memory.total < best.memory.total:
+            best = e
+    if len(bounds) == len(problem.lnc_values):
+        floor = max(floor, min(bounds))
+    return LeastMemory(floor, best, proven and best is not None)
+
+
+def least_memory(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
+                 deadline: float | None = None) -> float:
+    """A floor on the memory per chip (bytes) every layout needs on this problem's machine (``LeastMemory.floor``)."""
+    return least_memory_found(problem, workers, seed, deadline).floor
 
 
 def explain_infeasible(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
                        deadline: float | None = None) -> str:
     """What the least memory any layout needs is, against what the target has, and what would fit."""
-    need = least_memory(problem, workers, seed, deadline)
+    least = least_memory_found(problem, workers, seed, deadline)
     have = usable_hbm(problem.target, problem.headroom)
     t = problem.target
-    lines = [f"no layout fits: the least memory any layout needs is at least {need / GIB:.1f} GiB per chip "
-             f"(already with the best ZeRO stage and recomputation), against {have / GIB:.1f} GiB usable "
-             f"({t.chip.hbm_bytes / GIB:.0f} GiB HBM less {problem.headroom:.0%} headroom)"]
+    lines = [f"no layout fits {have / GIB:.1f} GiB usable ({t.chip.hbm_bytes / GIB:.0f} GiB HBM less "
+             f"{problem.headroom:.0%} headroom) on {problem.domains} {t.name} domain(s): {least.text()}"]
     try:
         fits_on = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed, deadline=deadline)
     except TimeLimitError:

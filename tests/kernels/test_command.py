@@ -8,6 +8,7 @@ import math
 import pytest
 
 from trnopt.optimizer.cost import collectives as cc
+from trnopt.optimizer.commands.args import load_runnable_layout
 from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import DIMS, Layout
@@ -29,18 +30,20 @@ def solved_layout(tmp_path_factory):
     return path
 
 
-def hand_layout(tmp_path, target_name: str, tp: dict[str, int], name: str = "layout.json"):
+def hand_layout(tmp_path, target_name: str, tp: dict[str, int], name: str = "layout.json", domains: int = 2,
+                model: str = "llama3-405b"):
+    """TP as given, the rest DP, ZeRO-3 with full recompute, on two domains: a layout that fits the HBM."""
     target = load_target(target_name)
-    axes = target.axes(2, 1)
+    axes = target.axes(2, domains)
     tp_row = tuple(tp.get(a.name, 1) for a in axes)
     dp_row = tuple(a.size // f for a, f in zip(axes, tp_row))
     rows = tuple({"tp": tp_row, "dp": dp_row}.get(d, (1,) * len(axes)) for d in DIMS)
     t = math.prod(tp_row)
     layout = Layout(tp=t, pp=1, dp=math.prod(a.size for a in axes) // t, axes=axes, placement=rows, lnc=2,
                     zero=3, recompute="full")
-    wl = Workload(load_model("llama3-405b"), Training())
+    wl = Workload(load_model(model), Training())
     path = tmp_path / name
-    path.write_text(json.dumps({"problem": problem_dict(target_name, "llama3-405b", wl, 1),
+    path.write_text(json.dumps({"problem": problem_dict(target_name, model, wl, domains),
                                 "layout": layout_dict(layout)}))
     return path
 
@@ -103,7 +106,7 @@ def test_kernels_run_the_ring_expert_exchange_on_a_torus_ep_group(tmp_path, caps
     dp_row = tuple(a.size // e for a, e in zip(axes, ep_row))
     rows = tuple({"ep": ep_row, "dp": dp_row}.get(d, (1,) * len(axes)) for d in DIMS)
     ranks = math.prod(a.size for a in axes)
-    layout = Layout(tp=1, pp=1, dp=ranks, ep=4, axes=axes, placement=rows, lnc=2, zero=1, recompute="full")
+    layout = Layout(tp=1, pp=1, dp=ranks, ep=4, axes=axes, placement=rows, lnc=2, zero=3, recompute="full")
     wl = Workload(load_model("mixtral-8x7b"), Training())
     path = tmp_path / "moe.json"
     path.write_text(json.dumps({"problem": problem_dict("trn2", "mixtral-8x7b", wl, 1), "layout": layout_dict(layout)}))
@@ -116,7 +119,8 @@ def test_kernels_run_the_ring_expert_exchange_on_a_torus_ep_group(tmp_path, caps
 
 
 def test_kernels_on_a_tp_group_across_the_trn2u_ring(tmp_path, capsys):
-    path = hand_layout(tmp_path, "trn2u", {"ring": 4})  # cores to DP: TP4 across the 4 instances
+    # cores to DP: TP4 across the 4 instances (70B: 405B at TP4 does not fit the HBM)
+    path = hand_layout(tmp_path, "trn2u", {"ring": 4}, model="llama3-70b")
     capsys.readouterr()
     assert main(["kernels", "--layout", str(path), "--shape", "scaled", "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -144,7 +148,7 @@ def test_kernels_run_with_the_target_chips_sbuf(tmp_path, monkeypatch):
         return run(*args, **kw)
     monkeypatch.setattr(overlap, "measure", fake_measure)
     monkeypatch.setattr(sim, "run_ranks", recorded_run)
-    target, workload, layout = command.read_layout(str(hand_layout(tmp_path, "trn3-gen1", {"core": 4})))
+    target, workload, layout, _ = load_runnable_layout(str(hand_layout(tmp_path, "trn3-gen1", {"core": 4})))
     plan = command.kernel_plan(workload, layout, target)
     command.overlap_rows(plan, "full")
     checks = command.check_tp(plan.tp, "allgather_matmul", plan.lnc, plan.sbuf_bytes)

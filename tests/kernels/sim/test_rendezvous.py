@@ -126,3 +126,29 @@ def test_timeout_counts_stalls_not_waits() -> None:
     t0 = time.monotonic()
     run_ranks(busy_peer, _args(2), kwargs=dict(steps=16), timeout_s=0.3)
     assert time.monotonic() - t0 > 0.6  # waited well past timeout_s without failing
+
+
+@nki.jit
+def skips_then_busy(x, me):
+    """Rank 3 skips the all-gather and then issues instructions without end."""
+    g = ncc.ReplicaGroup([[0, 1, 2, 3]])
+    src, dst = _bufs(x)
+    if me != 3:
+        ncc.all_gather(srcs=[src], dsts=[dst], replica_group=g, collective_dim=0, name="ag")
+    else:
+        for _ in range(10**9):
+            nisa.dma_copy(dst=src, src=x, name="spin")
+    return None
+
+
+@pytest.mark.parametrize("numerics", [True, False])
+def test_a_rank_that_skips_a_collective_and_keeps_going_fails_fast_naming_it(numerics):
+    x = np.ones((2, 8), np.float32)
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveMismatchError) as err:
+        # timeout_s far beyond the test: the failure comes from the instruction count, not a stall
+        run_ranks(skips_then_busy, [(x, r) for r in range(4)], numerics=numerics, timeout_s=3600)
+    msg = str(err.value)
+    assert "for rank 3, which has issued" in msg and "without reaching this collective" in msg
+    assert "all_gather(name='ag')" in msg and "its last instruction: rank 3, dma_copy(name='spin')" in msg
+    assert time.monotonic() - t0 < 600  # not a speed test: without the rule the run never ends

@@ -183,3 +183,29 @@ def test_a_debugger_trace_function_is_recognised_and_a_plain_tracer_is_not() -> 
     assert _is_debugger(pdb.Pdb().trace_dispatch)
     assert not _is_debugger(lambda frame, event, arg: None)
     assert not debugging()
+
+
+def test_time_limit_stops_a_busy_run_and_its_ranks():
+    """A run still issuing instructions at its time limit stops (RunTimeLimitError), and its
+    rank threads stop at their next instruction instead of running on in the background."""
+    import threading
+
+    from trnopt.kernels.sim.runner import time_limit
+    from trnopt.kernels.sim.watchdog import RunTimeLimitError
+
+    @nki.jit
+    def busy(x):
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        for _ in range(10**9):
+            nisa.dma_copy(dst=t, src=x)
+        return x
+
+    before = threading.active_count()
+    with time_limit(0.3), pytest.raises(RunTimeLimitError, match="time limit"):
+        run_ranks(busy, [(TensorSpec((128, 128), np.float32),)] * 2, numerics=False, symmetric=False)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before
+    with time_limit(0.0), pytest.raises(RunTimeLimitError, match="not started"):
+        run_ranks(busy, [(TensorSpec((128, 128), np.float32),)], numerics=False)

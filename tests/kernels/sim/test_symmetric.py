@@ -220,3 +220,28 @@ def test_rank_dependent_loop_falls_back_to_the_full_run():
     res = run_ranks(rank_loop, specs, numerics=False)
     assert not res.symmetric
     assert [c.counts.get("DMA", 0) for c in res.timeline.cores] == [0, 1, 2, 3]
+
+
+@nki.jit
+def last_rank_reads_unwritten(x):
+    """Rows 0..2 of a scratch tensor are written; rank r reads row r: rank 3 reads a row nothing wrote."""
+    scratch = nl.ndarray((4, x.shape[1]), dtype=x.dtype, buffer=nl.private_hbm)
+    nisa.dma_copy(dst=scratch[0:3, :], src=x[0:3, :])
+    t = nl.ndarray((1, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=scratch.ap([[x.shape[1], 1], [1, x.shape[1]]], scalar_offset=ncc.rank_id(),
+                                        indirect_dim=0), name="row")
+
+
+def test_a_one_rank_fault_the_fast_mode_cannot_see_is_said():
+    from trnopt.kernels.sim.errors import UninitializedReadError
+    from trnopt.kernels.sim.runner import NUMERICS_OFF, SYMMETRIC
+
+    with pytest.raises(UninitializedReadError, match="rank 3"):
+        run_ranks(last_rank_reads_unwritten, [(np.ones((4, 8), np.float32),)] * 4)
+    fast = run_ranks(last_rank_reads_unwritten, [(TensorSpec((4, 8), np.float32),)] * 4, numerics=False)
+    assert fast.symmetric and fast.unseen == (NUMERICS_OFF, SYMMETRIC)
+    full = run_ranks(last_rank_reads_unwritten, [(TensorSpec((4, 8), np.float32),)] * 4, numerics=False,
+                     symmetric=False)
+    assert full.unseen == (NUMERICS_OFF,)
+    checked = run_ranks(rank_offset_read, [(np.ones((4, 8), np.float32),)] * 4)
+    assert checked.unseen == ()

@@ -21,7 +21,7 @@ def write_layout(tmp_path, target_name="trn2u", model="llama3-70b", domains=2, l
     target = load_target(target_name)
     axes = target.axes(lnc, domains)
     deg = {"tp": 8, "pp": 1, "dp": target.ranks(lnc, domains) // 8, **degrees}
-    layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], zero=1, recompute="selective", lnc=lnc, axes=axes,
+    layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], zero=3, recompute="full", lnc=lnc, axes=axes,
                     placement=default_placement(axes, {"tp": deg["tp"], "dp": deg["dp"], "pp": deg["pp"]}))
     workload = Workload(load_model(model), Training(seq=4096, global_batch=512))
     path = tmp_path / "layout.json"
@@ -201,10 +201,10 @@ def test_unknown_column_and_missing_ranks(planned, capsys):
 
 
 def test_rows_bytes_and_fields_are_bounded(tmp_path, monkeypatch):
-    from trnopt.optimizer.commands import checkmap
+    from trnopt.optimizer.commands import rankmapfile
     from trnopt.optimizer.errors import InputError
 
-    monkeypatch.setattr(checkmap, "MAX_ROWS", 100)
+    monkeypatch.setattr(rankmapfile, "MAX_ROWS", 100)
     path = tmp_path / "m.csv"
     path.write_text("rank,instance,chip,core\n" + "".join(f"{r},i-{r // 4},0,{r % 4}\n" for r in range(101)))
     with pytest.raises(InputError, match="more than 100 rows"):
@@ -216,4 +216,24 @@ def test_rows_bytes_and_fields_are_bounded(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="line 2.rank: must be an integer"):
         read_rank_map(str(path))
     path.write_text("\ufeffrank,instance,chip,core\n0,a,0,0\n")
-    assert read_rank_map(str(path)).devices[0].instance == "a"
+    assert read_rank_map(str(path)).device(0)[0] == "a"
+
+
+def test_the_largest_maps_trnopt_writes_are_read(tmp_path):
+    """A rank map beyond the old 1,048,576-row bound (2,097,152 ranks: llama3-8b on 32,768 trn2
+    instances), as evaluate --rank-map writes it, passes check-map under 1 GiB."""
+    import resource
+    import subprocess
+    import sys
+
+    layout, rank_map = tmp_path / "big.json", tmp_path / "big.csv"
+    trnopt = [sys.executable, "-m", "trnopt.optimizer.commands.cli"]
+    subprocess.run(trnopt + ["evaluate", "--target", "trn2", "--model", "llama3-8b", "--instances", "32768",
+                             "--tp", "8", "--zero", "3", "--global-batch", "262144", "--json", str(layout),
+                             "--rank-map", str(rank_map)], check=True, capture_output=True, timeout=900)
+    done = subprocess.run(trnopt + ["check-map", "--layout", str(layout), "--rank-map", str(rank_map)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert "2097152 ranks on 32768 instance(s)" in done.stdout and "OK:" in done.stdout
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child: evaluate or check-map
+    assert peak_kib < 2**20, f"{peak_kib / 2**10:.0f} MiB"

@@ -26,7 +26,8 @@ def layout_file(tmp_path, target_name, model, domains=1, lnc=2, **rows):
     for d in DIMS:
         for f in rows.get(d, {}).values():
             deg[d] *= f
-    layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], lnc=lnc, axes=axes, placement=placement)
+    layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], lnc=lnc, axes=axes, placement=placement, zero=3,
+                    recompute="full")  # fits the HBM: map reads only layouts that can run
     workload = Workload(load_model(model), Training(seq=4096, global_batch=math.lcm(256, layout.dp)))
     path = tmp_path / "layout.json"
     path.write_text(json.dumps({"problem": problem_dict(target_name, model, workload, domains),
