@@ -19,7 +19,10 @@ relies on. The common files:
 - ``expected-rank-map.csv``: the rank map the launch implies, in ``trnopt check-map``'s
   format; ``trnopt check-map --layout L --rank-map expected-rank-map.csv`` passes on it, and
   the rows the workers record (``rank-map/*.csv``, concatenated) are what the job really got.
-- ``job.toml``: the torchtitan job config (frameworks/torchtitan.py), FSDP2 or SimpleFSDP.
+- ``job.toml``: the torchtitan 0.2.x job config (frameworks/torchtitan.py), FSDP2 or SimpleFSDP;
+  ``job-overrides.txt`` the same as torchtitan command-line overrides, one per line;
+  ``trnopt_job.py`` the same as a torchtitan 0.3 config-registry module
+  (frameworks/torchtitan_registry.py), when 0.3 can express the layout.
 
 On UltraServers ``run-node.sh`` (and the JobSet's pods) set the five variables Neuron's page
 "How to schedule MPI jobs to run on Neuron UltraServer on EKS"
@@ -53,7 +56,7 @@ import shlex
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.frameworks import schedulers, torchtitan
+from trnopt.optimizer.frameworks import schedulers, torchtitan, torchtitan_registry
 from trnopt.optimizer.frameworks.profile import TORCHTITAN, FrameworkProfile, TorchrunBinding, torchrun_binding
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.placement import instance_ranks
@@ -283,7 +286,16 @@ def readme(launch: Launch, files: dict[str, str]) -> str:
              f"Written from {launch.layout_file}.", "",
              "Files:"]
     lines += [f"  {name}" for name in sorted(files)]
-    lines += ["",
+    why = torchtitan_registry.problem(launch.workload, launch.layout)
+    module = torchtitan_registry.MODULE
+    lines += ["", f"torchtitan {torchtitan.VERSION} (TorchTitan Neuron 0.2.2+neuron.1): run-node.sh runs the entry with "
+              "--job.config_file job.toml; job-overrides.txt holds the same settings as command-line overrides.",
+              f"torchtitan {torchtitan_registry.VERSION} (config registry): "
+              + (f"not written: {why}." if why else
+                 f"MASTER_ADDR=... ./run-node.sh NODE_RANK python -m torchtitan.train --module {module} "
+                 f"--config {module} (run-node.sh puts this directory on PYTHONPATH)."),
+              f"Data-parallel sharding: {'SimpleFSDP' if launch.fsdp == 'simple' else 'FSDP2'} (trnopt launch --fsdp).",
+              "",
               "Check what the job got: concatenate the rows the workers wrote, with a header, and run",
               "  (echo rank,instance,chip,core,ultraserver,lnc; cat rank-map/rank-*.csv) > rank-map.csv",
               f"  trnopt check-map --layout {launch.layout_file} --rank-map rank-map.csv",
@@ -302,8 +314,13 @@ def readme(launch: Launch, files: dict[str, str]) -> str:
 
 def pod_files(launch: Launch) -> dict[str, str]:
     """The files every instance reads (the scheduler's run-node.sh besides)."""
-    return {"env.sh": env_sh(launch), "worker.sh": worker_sh(launch), "nodes.csv": nodes_csv(launch),
-            "job.toml": torchtitan.job_toml(launch.workload, launch.target, launch.layout, fsdp=launch.fsdp)}
+    w, t, lay = launch.workload, launch.target, launch.layout
+    files = {"env.sh": env_sh(launch), "worker.sh": worker_sh(launch), "nodes.csv": nodes_csv(launch),
+             "job.toml": torchtitan.job_toml(w, t, lay, fsdp=launch.fsdp),
+             "job-overrides.txt": "\n".join(torchtitan.overrides(w, t, lay, launch.fsdp)) + "\n"}
+    if torchtitan_registry.problem(w, lay) is None:
+        files[f"{torchtitan_registry.MODULE}.py"] = torchtitan_registry.config_module(w, t, lay, launch.fsdp)
+    return files
 
 
 def launch_files(launch: Launch) -> dict[str, str]:

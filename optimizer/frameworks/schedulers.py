@@ -26,6 +26,7 @@ import re
 from typing import TYPE_CHECKING
 
 from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.frameworks import torchtitan_registry
 
 if TYPE_CHECKING:
     from trnopt.optimizer.frameworks.launch import Launch
@@ -141,8 +142,8 @@ def run_node_sh(launch: Launch) -> str:
         'NODE_RANK=${1:?usage: MASTER_ADDR=host ./run-node.sh NODE_RANK [command ...]}',
         "shift",
         ': "${MASTER_ADDR:?set MASTER_ADDR to the host of node rank 0}"',
-        'read -r planned_us planned < <(awk -F, -v n="$NODE_RANK" \'NR > 1 && $1 == n { print $2, $3 }\' '
-        '"$here/nodes.csv") || true',
+        f'read -r {"planned_us" if launch.ultraserver else "_"} planned < <(awk -F, -v n="$NODE_RANK" '
+        '\'NR > 1 && $1 == n { print $2, $3 }\' "$here/nodes.csv") || true',
         'if [ -z "${planned:-}" ]; then echo "run-node.sh: node rank $NODE_RANK is not in nodes.csv" >&2; exit 1; fi',
         *ultraserver_lines(launch),
         "# When the Neuron runtime knows this instance's UltraServer node id, refuse a node rank planned elsewhere.",
@@ -152,6 +153,7 @@ def run_node_sh(launch: Launch) -> str:
         "  exit 1",
         "fi",
         'export TRNOPT_ULTRASERVER="${TRNOPT_ULTRASERVER:-${NEURON_RT_ULTRASERVER_SERVER_ID:-}}"',
+        'export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # trnopt_job.py, the torchtitan 0.3 config module',
         f'if [ $# -eq 0 ]; then set -- {entry} --job.config_file "$here/job.toml"; fi',
         'exec torchrun --nnodes="$TRNOPT_NNODES" --nproc-per-node="$TRNOPT_NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
         '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "$here/worker.sh" "$@"',
@@ -254,6 +256,8 @@ def sbatch(launch: Launch) -> str:
         'cd "${SLURM_SUBMIT_DIR:-$PWD}"',
         'scontrol show hostnames "$SLURM_JOB_NODELIST" > "hosts.$SLURM_JOB_ID"',
         "export TRNOPT_TOPOLOGY",
+        "# The command is single-quoted on purpose: every node expands it for itself.",
+        "# shellcheck disable=SC2016",
         "srun --kill-on-bad-exit=1 bash -c 'set -euo pipefail",
         '  read -r rank master us topo0 < <(./node-rank.sh "hosts.$SLURM_JOB_ID" "$TRNOPT_TOPOLOGY" "$(hostname)")',
         '  TRNOPT_ULTRASERVER="$us" MASTER_ADDR="$master" NEURON_GLOBAL_TOPOID0_HOST="$topo0" exec ./run-node.sh '
@@ -270,7 +274,14 @@ def _name(launch: Launch) -> str:
 # "Operating etcd clusters for Kubernetes"); a ConfigMap holds at most 1 MiB ("ConfigMaps").
 OBJECT_LIMIT = int(1.5 * 2**20)
 CONFIGMAP_LIMIT = 2**20
-POD_FILES = ("env.sh", "job.toml", "nodes.csv", "run-node.sh", "worker.sh")  # what the pods read (launch.pod_files)
+# what the pods read (launch.pod_files and run-node.sh); trnopt_job.py besides when it is written
+POD_FILES = ("env.sh", "job.toml", "job-overrides.txt", "nodes.csv", "run-node.sh", "worker.sh")
+
+
+def pod_file_names(launch: Launch) -> list[str]:
+    extra = [f"{torchtitan_registry.MODULE}.py"] if torchtitan_registry.problem(launch.workload, launch.layout) is None \
+        else []
+    return [*POD_FILES, *extra]
 
 
 def _ultraserver_env(launch: Launch, name: str, d: int, i: int) -> list[str]:
@@ -297,7 +308,7 @@ def jobset_yaml(launch: Launch) -> str:
         f"# trnopt Kubernetes JobSet: {launch.title()}",
         "# Needs the JobSet controller (jobset.x-k8s.io), the Neuron device plugin and the EFA device plugin.",
         "# The files the pods read reach them as a ConfigMap (run in this directory):",
-        f"#   kubectl create configmap {name}-files {' '.join(f'--from-file={f}' for f in POD_FILES)}",
+        f"#   kubectl create configmap {name}-files {' '.join(f'--from-file={f}' for f in pod_file_names(launch))}",
         "# then kubectl apply -f jobset.yaml. Set the image to your TorchTitan Neuron image.",
         "# One replicated job per node rank: its pod is pinned to the UltraServer node id nodes.csv plans for it",
         f"# ({node_key}), and pod affinity on {server_key} keeps the pods of one",
