@@ -154,6 +154,8 @@ def run_node_sh(launch: Launch) -> str:
         "fi",
         'export TRNOPT_ULTRASERVER="${TRNOPT_ULTRASERVER:-${NEURON_RT_ULTRASERVER_SERVER_ID:-}}"',
         'export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # trnopt_job.py, the torchtitan 0.3 config module',
+        "# The default command: --entry's words, each quoted so that the shell runs and expands none of them.",
+        "# shellcheck disable=SC2016",
         f'if [ $# -eq 0 ]; then set -- {entry} --job.config_file "$here/job.toml"; fi',
         'exec torchrun --nnodes="$TRNOPT_NNODES" --nproc-per-node="$TRNOPT_NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
         '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "$here/worker.sh" "$@"',
