@@ -18,4 +18,7 @@ SEED = 0                     # CP-SAT random seed
 # portfolio's bound-proving workers matter more than the cores).
 WORKERS = 4
 COMPARE_TARGETS = "trn2u,trn3-gen1,trn3-gen2"
+# torchtitan data-parallel sharding: SimpleFSDP, what Neuron recommends under torch.compile ("How to use
+# torch.distributed on Neuron", SDK 2.33); "fsdp2" is fully_shard.
+TORCHTITAN_FSDP = "simple"
 UNCERTAINTY = 0.03          # relative step-time uncertainty within which near-ties go to the robust layout

@@ -48,8 +48,9 @@ from dataclasses import replace
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.frameworks import torchtitan
+from trnopt.optimizer.frameworks.launch import node_numbering
 from trnopt.optimizer.model.layout import Layout
-from trnopt.optimizer.model.placement import rank_map
+from trnopt.optimizer.model.placement import instance_ranks
 from trnopt.optimizer.search.driver import SearchResult
 from trnopt.optimizer.model.target import GIB, Target
 from trnopt.optimizer.model.workload import Workload
@@ -170,17 +171,12 @@ def nxd_yaml(workload: Workload, target: Target, e: Evaluation, headroom: float)
 
 
 # -- launch environment ---------------------------------------------------------------------------
-def node_rank_of(target: Target, domain: int, instance: int) -> int:
-    return domain * target.instances_per_domain + instance
-
-
-def rank_table(layout: Layout, target: Target) -> list[list[int]]:
-    """``table[node_rank][local_rank]`` = planned rank; local rank i is logical core i of the node."""
-    per_chip = layout.ranks_per_chip
-    nodes = layout.domains * target.instances_per_domain
-    table = [[-1] * (per_chip * target.chips_per_instance) for _ in range(nodes)]
-    for p in rank_map(layout, target):
-        table[node_rank_of(target, p.domain, p.instance)][p.chip * per_chip + p.core] = p.rank
+def rank_table(layout: Layout, target: Target, numbering: dict[tuple[int, int], int]) -> list[list[int]]:
+    """``table[node_rank][local_rank]`` = planned rank; local rank i is logical core i of the node, node ranks
+    as ``launch.node_numbering`` gives them (the numbering of `trnopt launch`'s nodes.csv)."""
+    table: list[list[int]] = [[] for _ in numbering]
+    for (domain, instance), n in numbering.items():
+        table[n] = instance_ranks(layout, target, domain, instance)  # by chip, then core: logical core order
     return table
 
 
@@ -190,9 +186,25 @@ def torchrun_order_holds(table: list[list[int]]) -> bool:
     return all(r == n * per + i for n, row in enumerate(table) for i, r in enumerate(row))
 
 
+def node_rank_lines(target: Target, numbering: dict[tuple[int, int], int]) -> list[str]:
+    """How NODE_RANK is numbered: the numbering `trnopt launch` writes to nodes.csv (``node_numbering``)."""
+    ipd = target.instances_per_domain
+    where = "domain" if ipd == 1 else "UltraServer"
+    lines = ["# NODE_RANK: the node rank `trnopt launch` gives the instance in its nodes.csv (one numbering for both)."]
+    if all(n == d * ipd + i for (d, i), n in numbering.items()):
+        rule = f"{ipd} * {where} + position in it" if ipd > 1 else "the instance's index in the job"
+        lines.append(f"# Here NODE_RANK = {rule}"
+                     + (" (ring position)" if any(a.kind == "ring" for a in target.domain_axes) else "") + ".")
+        return lines
+    lines.append(f"# Line n + 1 of TRNOPT_NODE_TABLE is node rank n's {where} of the job and position in it.")
+    slots = sorted(numbering, key=numbering.__getitem__)
+    return lines + ["TRNOPT_NODE_TABLE='" + "\n".join(f"{d} {i}" for d, i in slots) + "'"]
+
+
 def env_script(workload: Workload, target: Target, layout: Layout) -> str:
     lay, lnc = layout, layout.lnc
-    table = rank_table(lay, target)
+    numbering = node_numbering(lay, target)
+    table = rank_table(lay, target, numbering)
     nodes, per = len(table), len(table[0])
     ipd = target.instances_per_domain
     lines = [
@@ -210,13 +222,7 @@ def env_script(workload: Workload, target: Target, layout: Layout) -> str:
         "#   torchrun --nnodes=$TRNOPT_NNODES --nproc_per_node=$TRNOPT_NPROC_PER_NODE --node_rank=$NODE_RANK \\",
         "#            --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT ...",
     ]
-    if ipd > 1:
-        lines += [f"# NODE_RANK = {ipd} * domain + instance: the {ipd} instances of one {target.name} domain take",
-                  "# consecutive node ranks, in their order in the domain"
-                  + (" (ring position)" if any(a.kind == "ring" for a in target.domain_axes) else "")
-                  + ", and every domain is one whole UltraServer."]
-    else:
-        lines.append("# NODE_RANK = the instance's index in the job.")
+    lines += node_rank_lines(target, numbering)
     lines.append(f"# Local rank i runs on logical NeuronCore i of its instance: chip i // {lay.ranks_per_chip}, "
                  f"core i % {lay.ranks_per_chip}.")
     if torchrun_order_holds(table):

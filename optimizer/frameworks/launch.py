@@ -19,7 +19,31 @@ relies on. The common files:
 - ``expected-rank-map.csv``: the rank map the launch implies, in ``trnopt check-map``'s
   format; ``trnopt check-map --layout L --rank-map expected-rank-map.csv`` passes on it, and
   the rows the workers record (``rank-map/*.csv``, concatenated) are what the job really got.
-- ``job.toml``: the torchtitan job config (frameworks/torchtitan.py).
+- ``job.toml``: the torchtitan 0.2.x job config (frameworks/torchtitan.py), FSDP2 or SimpleFSDP;
+  ``job-overrides.txt`` the same as torchtitan command-line overrides, one per line;
+  ``trnopt_job.py`` the same as a torchtitan 0.3 config-registry module
+  (frameworks/torchtitan_registry.py), when 0.3 can express the layout.
+
+On UltraServers ``run-node.sh`` (and the JobSet's pods) set the five variables Neuron's page
+"How to schedule MPI jobs to run on Neuron UltraServer on EKS"
+(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/how-to/how-to-ultraserver.html)
+says every worker needs, with the values its UltraServer init script gives them
+(k8s-ultraserver-init-script.sh):
+
+- ``NEURON_RT_ULTRASERVER_MODE``: the UltraServer configuration passed to the runtime: 1 for
+  the 4-node configuration, 2 or 3 for the 2-node one (horizontal or vertical pairs, whichever
+  the instance lists in ``/sys/class/neuron_device/ultraserver_mode``, vertical first), 4 for
+  one node;
+- ``NEURON_RT_ULTRASERVER_SERVER_ID`` / ``NEURON_RT_ULTRASERVER_NODE_ID``: the instance's
+  UltraServer id and node id in that configuration (``/sys/class/neuron_device/server_id_<n>``,
+  ``node_id_<n>``, n = instances per UltraServer);
+- ``NEURON_GLOBAL_TOPOID``: the instance's topology id, its index when the job's instances
+  are listed UltraServer by UltraServer, node id within one (the init script sorts by server
+  id, then node id); here UltraServer d of the plan, node id i: ``d * n + i``;
+- ``NEURON_GLOBAL_TOPOID0_HOST``: the host of topology id 0 (the "leader").
+
+Nodes are numbered once, by ``node_numbering``: ``launch`` and ``solve --format env`` give
+every instance the same node rank.
 
 The rank order is torchtitan's (profile.py): torchrun gives node n the ranks n*P .. n*P+P-1,
 so the launch chooses only the node order and the core binding (``torchrun_binding``).
@@ -28,15 +52,17 @@ so the launch chooses only the node order and the core binding (``torchrun_bindi
 from __future__ import annotations
 
 import itertools
-
+import shlex
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.frameworks import schedulers, torchtitan
+from trnopt.optimizer.frameworks import schedulers, torchtitan, torchtitan_registry
 from trnopt.optimizer.frameworks.profile import TORCHTITAN, FrameworkProfile, TorchrunBinding, torchrun_binding
 from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.placement import instance_ranks
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
+from trnopt.optimizer import defaults
 
 SCHEDULERS = ("torchrun", "slurm", "k8s")
 MASTER_PORT = 29500  # torchrun's default --master-port
@@ -64,6 +90,8 @@ class Launch:
     """The training command each worker runs (after worker.sh)."""
     layout_file: str
     """The layout JSON the files were written from (named in their headers)."""
+    fsdp: str = defaults.TORCHTITAN_FSDP
+    """torchtitan's data-parallel sharding in job.toml: "simple" (SimpleFSDP) or "fsdp2"."""
 
     @property
     def nodes(self) -> int:
@@ -84,20 +112,55 @@ class Launch:
                 f"{lay.ranks} ranks at LNC={lay.lnc}): {lay.describe()}")
 
 
+def entry_words(entry: str) -> list[str]:
+    """The training command as words (``shlex.split``), or InputError: empty, a line break or NUL, bad quoting.
+    run-node.sh gets them back quoted (``shlex.join``), so nothing in them is run by the shell."""
+    if "\n" in entry or "\r" in entry or "\0" in entry:
+        raise InputError("--entry", "entry", "must be one line (no line break or NUL character)")
+    try:
+        words = shlex.split(entry)
+    except ValueError as exc:  # an unbalanced quote
+        raise InputError("--entry", "entry", f"cannot be split into words: {exc}") from None
+    if not words:
+        raise InputError("--entry", "entry", "must name a training command, got an empty one")
+    return words
+
+
 def plan(workload: Workload, target: Target, layout: Layout, scheduler: str, entry: str, layout_file: str,
-         framework: FrameworkProfile = TORCHTITAN) -> Launch:
-    """The launch of a layout, or InputError naming why this framework and torchrun cannot produce it."""
+         framework: FrameworkProfile = TORCHTITAN, fsdp: str = defaults.TORCHTITAN_FSDP) -> Launch:
+    """The launch of a layout, or InputError naming why this framework and torchrun cannot produce it
+    (or why the entry or the sharding is not one)."""
     if scheduler not in SCHEDULERS:
         raise InputError("--scheduler", "scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    if fsdp not in torchtitan.FSDP_MODES:
+        raise InputError("--fsdp", "fsdp", f"must be one of {', '.join(torchtitan.FSDP_MODES)}, got {fsdp!r}")
+    entry = shlex.join(entry_words(entry))
     for why in (framework.supports(layout, workload), framework.producible(layout, target)):
         if why:
             raise InputError(layout_file, "layout", why)
     binding = torchrun_binding(layout, target)
     assert isinstance(binding, TorchrunBinding)
-    launch = Launch(workload, target, layout, binding, scheduler, entry, layout_file)
+    launch = Launch(workload, target, layout, binding, scheduler, entry, layout_file, fsdp)
     if scheduler == "k8s":
         schedulers.check_k8s(launch, pod_files(launch))  # before the per-rank files are written
     return launch
+
+
+# -- node numbering ----------------------------------------------------------------------------------
+def node_numbering(layout: Layout, target: Target) -> dict[tuple[int, int], int]:
+    """(domain, position in it) -> node rank: the one numbering of the instances of a plan.
+
+    When torchrun can produce the placement, the node rank of an instance is the one that
+    gives it its planned ranks (``torchrun_binding``: its lowest rank // workers per node).
+    Otherwise the instances are numbered in the order of the lowest rank each holds, which is
+    the same rule, so both branches agree wherever both apply.
+    """
+    binding = torchrun_binding(layout, target)
+    if isinstance(binding, TorchrunBinding):
+        return binding.node_rank
+    slots = [(d, i) for d in range(layout.domains) for i in range(target.instances_per_domain)]
+    lowest = {s: min(instance_ranks(layout, target, *s)) for s in slots}
+    return {s: n for n, s in enumerate(sorted(slots, key=lowest.__getitem__))}
 
 
 # -- the rank map the launch implies ------------------------------------------------------------------
@@ -223,7 +286,16 @@ def readme(launch: Launch, files: dict[str, str]) -> str:
              f"Written from {launch.layout_file}.", "",
              "Files:"]
     lines += [f"  {name}" for name in sorted(files)]
-    lines += ["",
+    why = torchtitan_registry.problem(launch.workload, launch.layout)
+    module = torchtitan_registry.MODULE
+    lines += ["", f"torchtitan {torchtitan.VERSION} (TorchTitan Neuron 0.2.2+neuron.1): run-node.sh runs the entry with "
+              "--job.config_file job.toml; job-overrides.txt holds the same settings as command-line overrides.",
+              f"torchtitan {torchtitan_registry.VERSION} (config registry): "
+              + (f"not written: {why}." if why else
+                 f"MASTER_ADDR=... ./run-node.sh NODE_RANK python -m torchtitan.train --module {module} "
+                 f"--config {module} (run-node.sh puts this directory on PYTHONPATH)."),
+              f"Data-parallel sharding: {'SimpleFSDP' if launch.fsdp == 'simple' else 'FSDP2'} (trnopt launch --fsdp).",
+              "",
               "Check what the job got: concatenate the rows the workers wrote, with a header, and run",
               "  (echo rank,instance,chip,core,ultraserver,lnc; cat rank-map/rank-*.csv) > rank-map.csv",
               f"  trnopt check-map --layout {launch.layout_file} --rank-map rank-map.csv",
@@ -242,8 +314,13 @@ def readme(launch: Launch, files: dict[str, str]) -> str:
 
 def pod_files(launch: Launch) -> dict[str, str]:
     """The files every instance reads (the scheduler's run-node.sh besides)."""
-    return {"env.sh": env_sh(launch), "worker.sh": worker_sh(launch), "nodes.csv": nodes_csv(launch),
-            "job.toml": torchtitan.job_toml(launch.workload, launch.target, launch.layout)}
+    w, t, lay = launch.workload, launch.target, launch.layout
+    files = {"env.sh": env_sh(launch), "worker.sh": worker_sh(launch), "nodes.csv": nodes_csv(launch),
+             "job.toml": torchtitan.job_toml(w, t, lay, fsdp=launch.fsdp),
+             "job-overrides.txt": "\n".join(torchtitan.overrides(w, t, lay, launch.fsdp)) + "\n"}
+    if torchtitan_registry.problem(w, lay) is None:
+        files[f"{torchtitan_registry.MODULE}.py"] = torchtitan_registry.config_module(w, t, lay, launch.fsdp)
+    return files
 
 
 def launch_files(launch: Launch) -> dict[str, str]:

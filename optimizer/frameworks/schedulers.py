@@ -26,6 +26,7 @@ import re
 from typing import TYPE_CHECKING
 
 from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.frameworks import torchtitan_registry
 
 if TYPE_CHECKING:
     from trnopt.optimizer.frameworks.launch import Launch
@@ -63,8 +64,70 @@ def _assumptions(launch: Launch) -> list[str]:
     return [f"# Assumption: {ASSUME_RING}."] if launch.ultraserver else []
 
 
+# NEURON_RT_ULTRASERVER_MODE by instances per UltraServer (Neuron's k8s-ultraserver-init-script.sh: 1 = the
+# 4-node configuration, 2 / 3 = 2-node horizontal / vertical, 4 = one node); the 2-node mode is read at run time.
+ULTRASERVER_MODE = {4: "1", 1: "4"}
+
+
+def topology_id(launch: Launch, domain: int, instance: int) -> int:
+    """NEURON_GLOBAL_TOPOID of the instance at (domain, position): UltraServer by UltraServer, node id within."""
+    return domain * launch.target.instances_per_domain + instance
+
+
+def ultraserver_lines(launch: Launch) -> list[str]:
+    """run-node.sh's lines that export the five UltraServer variables (after NODE_RANK and ``planned``), or none
+    when every domain is one instance. Values already in the environment (a pod spec) are kept."""
+    if not launch.ultraserver:
+        return []
+    n = launch.target.instances_per_domain
+    sysfs = "/sys/class/neuron_device"
+    master_is_topo0 = launch.binding.node_rank[(0, 0)] == 0
+    lines = [
+        "# UltraServer runtime variables every worker needs (Neuron, \"How to schedule MPI jobs to run on Neuron",
+        "# UltraServer on EKS\"), with the values of its init script: the mode of the configuration, this instance's",
+        f"# UltraServer and node id ({sysfs}/server_id_{n}, node_id_{n}), its topology id (UltraServer d of the",
+        f"# plan, node id i: d * {n} + i) and the host of topology id 0.",
+        "us_read() { if [ -r \"$1\" ]; then cat \"$1\"; else echo \"run-node.sh: cannot read $1; set $2\" >&2; "
+        "exit 1; fi; }",
+    ]
+    if n in ULTRASERVER_MODE:
+        lines.append(f'export NEURON_RT_ULTRASERVER_MODE="${{NEURON_RT_ULTRASERVER_MODE:-{ULTRASERVER_MODE[n]}}}"')
+    elif n == 2:
+        lines += [
+            'if [ -z "${NEURON_RT_ULTRASERVER_MODE:-}" ]; then',
+            f'  modes=$(us_read {sysfs}/ultraserver_mode NEURON_RT_ULTRASERVER_MODE)',
+            '  case " $(echo "$modes" | tr -c "0-9" " ") " in',
+            '    *" 3 "*) NEURON_RT_ULTRASERVER_MODE=3 ;;',
+            '    *" 2 "*) NEURON_RT_ULTRASERVER_MODE=2 ;;',
+            '    *) echo "run-node.sh: this instance supports no 2-node UltraServer mode ($modes)" >&2; exit 1 ;;',
+            "  esac",
+            "fi",
+            "export NEURON_RT_ULTRASERVER_MODE",
+        ]
+    else:
+        lines += [f"# Neuron documents the modes of 1-, 2- and 4-node configurations only, not of {n} nodes:",
+                  "# set NEURON_RT_ULTRASERVER_MODE yourself.",
+                  f': "${{NEURON_RT_ULTRASERVER_MODE:?set NEURON_RT_ULTRASERVER_MODE for {n}-node UltraServers}}"',
+                  "export NEURON_RT_ULTRASERVER_MODE"]
+    lines += [
+        "NEURON_RT_ULTRASERVER_SERVER_ID=${NEURON_RT_ULTRASERVER_SERVER_ID:-$(us_read "
+        f"{sysfs}/server_id_{n} NEURON_RT_ULTRASERVER_SERVER_ID)}}",
+        "NEURON_RT_ULTRASERVER_NODE_ID=${NEURON_RT_ULTRASERVER_NODE_ID:-$(us_read "
+        f"{sysfs}/node_id_{n} NEURON_RT_ULTRASERVER_NODE_ID)}}",
+        "export NEURON_RT_ULTRASERVER_SERVER_ID NEURON_RT_ULTRASERVER_NODE_ID",
+        f'export NEURON_GLOBAL_TOPOID=$((planned_us * {n} + planned))',
+    ]
+    if master_is_topo0:
+        lines.append('export NEURON_GLOBAL_TOPOID0_HOST="${NEURON_GLOBAL_TOPOID0_HOST:-$MASTER_ADDR}"'
+                     "  # node rank 0 is topology id 0")
+    else:
+        lines += [': "${NEURON_GLOBAL_TOPOID0_HOST:?set NEURON_GLOBAL_TOPOID0_HOST to the host of UltraServer 0, '
+                  'node 0 in nodes.csv}"', "export NEURON_GLOBAL_TOPOID0_HOST"]
+    return lines
+
+
 def run_node_sh(launch: Launch) -> str:
-    entry = launch.entry
+    entry = launch.entry  # shlex-quoted words (launch.plan): the shell runs none of it
     lines = [
         "#!/usr/bin/env bash",
         "# Start this instance's workers: MASTER_ADDR=<host of node rank 0> ./run-node.sh NODE_RANK [command ...]",
@@ -79,8 +142,10 @@ def run_node_sh(launch: Launch) -> str:
         'NODE_RANK=${1:?usage: MASTER_ADDR=host ./run-node.sh NODE_RANK [command ...]}',
         "shift",
         ': "${MASTER_ADDR:?set MASTER_ADDR to the host of node rank 0}"',
-        'planned=$(awk -F, -v n="$NODE_RANK" \'NR > 1 && $1 == n { print $3 }\' "$here/nodes.csv")',
-        'if [ -z "$planned" ]; then echo "run-node.sh: node rank $NODE_RANK is not in nodes.csv" >&2; exit 1; fi',
+        f'read -r {"planned_us" if launch.ultraserver else "_"} planned < <(awk -F, -v n="$NODE_RANK" '
+        '\'NR > 1 && $1 == n { print $2, $3 }\' "$here/nodes.csv") || true',
+        'if [ -z "${planned:-}" ]; then echo "run-node.sh: node rank $NODE_RANK is not in nodes.csv" >&2; exit 1; fi',
+        *ultraserver_lines(launch),
         "# When the Neuron runtime knows this instance's UltraServer node id, refuse a node rank planned elsewhere.",
         'if [ -n "${NEURON_RT_ULTRASERVER_NODE_ID:-}" ] && [ "$NEURON_RT_ULTRASERVER_NODE_ID" != "$planned" ]; then',
         '  echo "run-node.sh: node rank $NODE_RANK is planned at UltraServer position $planned, but this instance is'
@@ -88,6 +153,9 @@ def run_node_sh(launch: Launch) -> str:
         "  exit 1",
         "fi",
         'export TRNOPT_ULTRASERVER="${TRNOPT_ULTRASERVER:-${NEURON_RT_ULTRASERVER_SERVER_ID:-}}"',
+        'export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # trnopt_job.py, the torchtitan 0.3 config module',
+        "# The default command: --entry's words, each quoted so that the shell runs and expands none of them.",
+        "# shellcheck disable=SC2016",
         f'if [ $# -eq 0 ]; then set -- {entry} --job.config_file "$here/job.toml"; fi',
         'exec torchrun --nnodes="$TRNOPT_NNODES" --nproc-per-node="$TRNOPT_NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
         '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "$here/worker.sh" "$@"',
@@ -99,7 +167,8 @@ def node_rank_sh(launch: Launch) -> str:
     ipd, domains = launch.target.instances_per_domain, launch.layout.domains
     lines = [
         "#!/usr/bin/env bash",
-        "# Print 'NODE_RANK MASTER_HOST ULTRASERVER' for this host: ./node-rank.sh HOSTS [TOPOLOGY] [HOST]",
+        "# Print 'NODE_RANK MASTER_HOST ULTRASERVER TOPOID0_HOST' for this host: ./node-rank.sh HOSTS [TOPOLOGY] [HOST]",
+        "#   (TOPOID0_HOST: the host of UltraServer 0, node id 0, NEURON_GLOBAL_TOPOID0_HOST);",
         "#   HOSTS: the job's hosts, one per line (Slurm: scontrol show hostnames \"$SLURM_JOB_NODELIST\");",
         "#   TOPOLOGY: lines 'host ultraserver-id node-id' for every host (from the EC2 instance topology or the",
         "#     neuron.amazonaws.com/ultraserver-server-id-<n> / ultraserver-node-id-<n> labels); not needed when",
@@ -145,10 +214,11 @@ def node_rank_sh(launch: Launch) -> str:
         " ipd \" instances\") }",
         "  for (i = 1; i <= n; i++) { h = host[i]; if (pos[h] < 0 || pos[h] >= ipd) fail(\"host \" h \" has node id \""
         " pos[h] \", not 0..\" ipd - 1)",
-        "    if (dom[us[h]] == d0 && pos[h] == p0) master = h }",
+        "    if (dom[us[h]] == d0 && pos[h] == p0) master = h",
+        "    if (dom[us[h]] == 0 && pos[h] == 0) topo0 = h }",
         "  if (!(me in injob)) fail(\"this host \" me \" is not in the job\")",
         "  r = rank_of[dom[us[me]] \" \" pos[me]]",
-        "  print r, master, us[me]",
+        "  print r, master, us[me], topo0",
         "}' \"$hosts\"",
     ]
     return "\n".join(lines) + "\n"
@@ -188,9 +258,12 @@ def sbatch(launch: Launch) -> str:
         'cd "${SLURM_SUBMIT_DIR:-$PWD}"',
         'scontrol show hostnames "$SLURM_JOB_NODELIST" > "hosts.$SLURM_JOB_ID"',
         "export TRNOPT_TOPOLOGY",
+        "# The command is single-quoted on purpose: every node expands it for itself.",
+        "# shellcheck disable=SC2016",
         "srun --kill-on-bad-exit=1 bash -c 'set -euo pipefail",
-        '  read -r rank master us < <(./node-rank.sh "hosts.$SLURM_JOB_ID" "$TRNOPT_TOPOLOGY" "$(hostname)")',
-        '  TRNOPT_ULTRASERVER="$us" MASTER_ADDR="$master" exec ./run-node.sh "$rank"\'',
+        '  read -r rank master us topo0 < <(./node-rank.sh "hosts.$SLURM_JOB_ID" "$TRNOPT_TOPOLOGY" "$(hostname)")',
+        '  TRNOPT_ULTRASERVER="$us" MASTER_ADDR="$master" NEURON_GLOBAL_TOPOID0_HOST="$topo0" exec ./run-node.sh '
+        '"$rank"\'',
     ]
     return "\n".join(lines) + "\n"
 
@@ -203,7 +276,28 @@ def _name(launch: Launch) -> str:
 # "Operating etcd clusters for Kubernetes"); a ConfigMap holds at most 1 MiB ("ConfigMaps").
 OBJECT_LIMIT = int(1.5 * 2**20)
 CONFIGMAP_LIMIT = 2**20
-POD_FILES = ("env.sh", "job.toml", "nodes.csv", "run-node.sh", "worker.sh")  # what the pods read (launch.pod_files)
+# what the pods read (launch.pod_files and run-node.sh); trnopt_job.py besides when it is written
+POD_FILES = ("env.sh", "job.toml", "job-overrides.txt", "nodes.csv", "run-node.sh", "worker.sh")
+
+
+def pod_file_names(launch: Launch) -> list[str]:
+    extra = [f"{torchtitan_registry.MODULE}.py"] if torchtitan_registry.problem(launch.workload, launch.layout) is None \
+        else []
+    return [*POD_FILES, *extra]
+
+
+def _ultraserver_env(launch: Launch, name: str, d: int, i: int) -> list[str]:
+    """The UltraServer variables a pod's placement fixes (run-node.sh reads the server id and, for 2-node
+    UltraServers, the mode on the instance)."""
+    if not launch.ultraserver:
+        return []
+    n = launch.target.instances_per_domain
+    topo0 = f"{name}-node-{launch.binding.node_rank[(0, 0)]}-0-0.{name}"
+    env = [("NEURON_RT_ULTRASERVER_NODE_ID", i), ("NEURON_GLOBAL_TOPOID", topology_id(launch, d, i)),
+           ("NEURON_GLOBAL_TOPOID0_HOST", topo0)]
+    if n in ULTRASERVER_MODE:
+        env.insert(0, ("NEURON_RT_ULTRASERVER_MODE", ULTRASERVER_MODE[n]))
+    return [f'              - {{name: {k}, value: "{v}"}}' for k, v in env]
 
 
 def jobset_yaml(launch: Launch) -> str:
@@ -216,7 +310,7 @@ def jobset_yaml(launch: Launch) -> str:
         f"# trnopt Kubernetes JobSet: {launch.title()}",
         "# Needs the JobSet controller (jobset.x-k8s.io), the Neuron device plugin and the EFA device plugin.",
         "# The files the pods read reach them as a ConfigMap (run in this directory):",
-        f"#   kubectl create configmap {name}-files {' '.join(f'--from-file={f}' for f in POD_FILES)}",
+        f"#   kubectl create configmap {name}-files {' '.join(f'--from-file={f}' for f in pod_file_names(launch))}",
         "# then kubectl apply -f jobset.yaml. Set the image to your TorchTitan Neuron image.",
         "# One replicated job per node rank: its pod is pinned to the UltraServer node id nodes.csv plans for it",
         f"# ({node_key}), and pod affinity on {server_key} keeps the pods of one",
@@ -301,6 +395,7 @@ def _replicated_job(launch: Launch, name: str, n: int, d: int, i: int, master: s
         "              env:",
         f"              - {{name: MASTER_ADDR, value: {master}}}",
         "              - {name: TRNOPT_RANK_MAP_DIR, value: /tmp/rank-map}",
+        *_ultraserver_env(launch, name, d, i),
         "              - name: TRNOPT_INSTANCE",
         "                valueFrom: {fieldRef: {fieldPath: spec.nodeName}}",
         "              volumeMounts:",

@@ -15,6 +15,21 @@ Keys, sections and value spellings are those of torchtitan 0.2.2's
   ("op", or a layer frequency);
 - ``[compile]``: ``enable`` and ``backend`` ("neuron" for TorchNeuron's torch.compile backend).
 
+Data-parallel sharding is FSDP2 (``fully_shard``, torchtitan's default) or SimpleFSDP
+(``fsdp="simple"``): torchtitan 0.2.2 runs SimpleFSDP as the experiment
+``torchtitan/experiments/simple_fsdp``, selected by ``model.name = "simple_fsdp.<model>"``
+(``experiments/__init__.py``) and ``job.custom_config_module =
+"torchtitan.experiments.simple_fsdp.job_config"`` (its integration tests). Neuron recommends
+SimpleFSDP for ``torch.compile`` workloads ("How to use torch.distributed on Neuron", cited by
+"Tutorial: Train Llama and DeepSeek with SimpleFSDP on Neuron",
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/training/torchtitan/tutorials/tutorial-simple-fsdp-training.html),
+and every export compiles with backend "neuron", so SimpleFSDP is the default
+(``defaults.TORCHTITAN_FSDP``).
+
+The command-line overrides are in the form torchtitan's CLI (tyro, ``config/manager.py``)
+accepts: ``--section.key=value``, and booleans as flags (``--compile.enable``,
+``--compile.no-enable``); ``--compile.enable=true`` is refused there ("Unrecognized options").
+
 torchtitan's world size is pp x dp_replicate x dp_shard x cp x tp
 (``ParallelDims._validate``); trnopt's dp (expert parallelism included) is dp_replicate x
 dp_shard, so the degrees written multiply to the layout's rank count. Later torchtitan
@@ -27,6 +42,7 @@ from __future__ import annotations
 
 import math
 
+from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.frameworks.profile import TORCHTITAN
 from trnopt.optimizer.model.layout import EVERY_NTH, Layout
@@ -34,6 +50,8 @@ from trnopt.optimizer.model.target import GIB, Target
 from trnopt.optimizer.model.workload import Workload
 
 VERSION = "0.2.2"
+FSDP_MODES = ("simple", "fsdp2")
+SIMPLE_FSDP_CONFIG = "torchtitan.experiments.simple_fsdp.job_config"  # its JobConfig extension (compile passes)
 
 # trnopt model preset -> torchtitan (model.name, model.flavor): torchtitan/models/llama3/__init__.py
 # (llama3_args) and torchtitan/models/deepseek_v3/__init__.py (deepseekv3_args) at v0.2.2.
@@ -63,16 +81,24 @@ def layers_per_stage(layers: int, stages: int, first_less: int = 1, last_less: i
     return None
 
 
-def job_config(workload: Workload, target: Target, layout: Layout) -> dict[str, dict[str, tuple[object, str]]]:
+def check_fsdp(fsdp: str) -> None:
+    if fsdp not in FSDP_MODES:
+        raise ValueError(f"fsdp must be one of {FSDP_MODES}, got {fsdp!r}")
+
+
+def job_config(workload: Workload, target: Target, layout: Layout,
+               fsdp: str = defaults.TORCHTITAN_FSDP) -> dict[str, dict[str, tuple[object, str]]]:
     """The settings the layout decides: section -> key -> (value, comment)."""
+    check_fsdp(fsdp)
     lay, t = layout, workload.training
+    sharder = "SimpleFSDP" if fsdp == "simple" else "FSDP2"
     dp = lay.dp
     micro = lay.micro_batches(workload)
     par: dict[str, tuple[object, str]] = {
         "data_parallel_replicate_degree": (lay.dp_replicate, "HSDP replicas of the shards (1: plain FSDP)"
                                            if lay.dp_replicate == 1 else
                                            f"HSDP: {lay.dp_replicate} replicas of {lay.dp_shard}-way shards"),
-        "data_parallel_shard_degree": (lay.dp_shard, f"FSDP2 shards (ZeRO-3) over {lay.dp_shard} ranks"
+        "data_parallel_shard_degree": (lay.dp_shard, f"{sharder} shards (ZeRO-3) over {lay.dp_shard} ranks"
                                        + (f" x CP {lay.cp} (torchtitan shards over dp_shard x cp)" if lay.cp > 1
                                           else "")),
         "fsdp_reshard_after_forward": ("always", "ZeRO-3: parameters re-gathered in backward (\"default\" keeps "
@@ -112,13 +138,18 @@ def job_config(workload: Workload, target: Target, layout: Layout) -> dict[str, 
     elif option is not None:
         ac["selective_ac_option"] = (option, f"every {option}-th transformer block of a stage checkpointed in full, "
                                      "the others keep their activations")
-    out: dict[str, dict[str, tuple[object, str]]] = {
-        "job": {"description": (f"trnopt: {workload.model.name} on {lay.domains} x {target.name}, "
-                                f"{lay.describe()}", "")},
-    }
+    job: dict[str, tuple[object, str]] = {"description": (f"trnopt: {workload.model.name} on {lay.domains} x "
+                                                          f"{target.name}, {lay.describe()}", "")}
+    if fsdp == "simple":
+        job["custom_config_module"] = (SIMPLE_FSDP_CONFIG, "SimpleFSDP's config extension")
+    out: dict[str, dict[str, tuple[object, str]]] = {"job": job}
     if workload.model.name in MODEL_PRESETS:
         name, flavor = MODEL_PRESETS[workload.model.name]
-        out["model"] = {"name": (name, "torchtitan model"), "flavor": (flavor, f"= trnopt {workload.model.name}")}
+        if fsdp == "simple":
+            name, note = f"simple_fsdp.{name}", f"torchtitan's {name} under SimpleFSDP (experiments/simple_fsdp)"
+        else:
+            note = "torchtitan model (FSDP2: fully_shard)"
+        out["model"] = {"name": (name, note), "flavor": (flavor, f"= trnopt {workload.model.name}")}
     out |= {
         "training": training,
         "parallelism": par,
@@ -180,10 +211,11 @@ def warnings(workload: Workload, target: Target, layout: Layout) -> list[str]:
     return [w for w in (TORCHTITAN.supports(layout, workload), TORCHTITAN.producible(layout, target)) if w]
 
 
-def job_toml(workload: Workload, target: Target, layout: Layout, e: Evaluation | None = None) -> str:
+def job_toml(workload: Workload, target: Target, layout: Layout, e: Evaluation | None = None,
+             fsdp: str = defaults.TORCHTITAN_FSDP) -> str:
     """The job config as TOML (parses with tomllib), comments after each value."""
     lines = header(workload, target, layout, e)
-    for section, keys in job_config(workload, target, layout).items():
+    for section, keys in job_config(workload, target, layout, fsdp).items():
         lines += ["", f"[{section}]"]
         for key, (value, comment) in keys.items():
             line = f"{key} = {_toml_value(value)}"
@@ -191,22 +223,26 @@ def job_toml(workload: Workload, target: Target, layout: Layout, e: Evaluation |
     return "\n".join(lines) + "\n"
 
 
-def overrides(workload: Workload, target: Target, layout: Layout) -> list[str]:
-    """The same settings as torchtitan command-line overrides, ``--section.key=value``."""
-    out = []
-    for section, keys in job_config(workload, target, layout).items():
-        if section == "job":
-            continue
-        for key, (value, _) in keys.items():
-            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-            out.append(f"--{section}.{key}={text}")
-    return out
+def override(section: str, key: str, value: object) -> str:
+    """One setting as torchtitan's CLI takes it: ``--section.key=value``; a boolean is a flag,
+    ``--section.key`` or ``--section.no-key`` (tyro's boolean flags)."""
+    if isinstance(value, bool):
+        return f"--{section}.{key}" if value else f"--{section}.no-{key.replace('_', '-')}"
+    return f"--{section}.{key}={value}"
 
 
-def render(workload: Workload, target: Target, e: Evaluation) -> tuple[str, list[str]]:
+def overrides(workload: Workload, target: Target, layout: Layout, fsdp: str = defaults.TORCHTITAN_FSDP) -> list[str]:
+    """The same settings as torchtitan command-line overrides (every key but the free-text job.description)."""
+    return [override(section, key, value)
+            for section, keys in job_config(workload, target, layout, fsdp).items()
+            for key, (value, _) in keys.items() if (section, key) != ("job", "description")]
+
+
+def render(workload: Workload, target: Target, e: Evaluation,
+           fsdp: str = defaults.TORCHTITAN_FSDP) -> tuple[str, list[str]]:
     """(stdout text, stderr warnings) for ``trnopt solve --format torchtitan``: the TOML, then the overrides."""
     lay = e.layout
-    text = job_toml(workload, target, lay, e)
-    text += "\n# The same as command-line overrides (torchtitan 0.2.x and later):\n"
-    text += "# " + " \\\n#   ".join(overrides(workload, target, lay)) + "\n"
+    text = job_toml(workload, target, lay, e, fsdp)
+    text += f"\n# The same as command-line overrides (checked with torchtitan {VERSION}'s ConfigManager):\n"
+    text += "# " + " \\\n#   ".join(overrides(workload, target, lay, fsdp)) + "\n"
     return text, warnings(workload, target, lay)

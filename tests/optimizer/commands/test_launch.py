@@ -19,11 +19,10 @@ def _layout_file(tmp_path, rows, name="layout.json"):
     tp = 1
     for f in rows["tp"].values():
         tp *= f
-    lay = Layout(tp=tp, pp=1, dp=512 // tp, axes=axes, placement=placement, zero=3, recompute="full",
-                 dp_replicate=2)
-    workload = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=1024))
+    lay = Layout(tp=tp, pp=1, dp=512 // tp, axes=axes, placement=placement, zero=3, recompute="full")
+    workload = Workload(load_model("llama3-70b"), Training(seq=8192, global_batch=1024))
     path = tmp_path / name
-    path.write_text(json.dumps({"problem": problem_dict("trn2u", "llama3-405b", workload, 2),
+    path.write_text(json.dumps({"problem": problem_dict("trn2u", "llama3-70b", workload, 2),
                                 "layout": layout_dict(lay)}))
     return path
 

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from trnopt.optimizer.frameworks import export
+from trnopt.optimizer.frameworks.launch import node_numbering
 from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.cost.evaluate import evaluate
 from trnopt.optimizer.model.layout import Layout
@@ -93,7 +94,7 @@ def test_env_lines_when_torchrun_order_is_the_plan():
     assert "export WORLD_SIZE=512\n" in text
     assert "export TRNOPT_NNODES=8\n" in text and "export TRNOPT_NPROC_PER_NODE=64\n" in text
     assert "export TRNOPT_RANK_REMAP=0" in text and "TRNOPT_RANK_TABLE" not in text
-    assert export.torchrun_order_holds(export.rank_table(lay, target))
+    assert export.torchrun_order_holds(export.rank_table(lay, target, node_numbering(lay, target)))
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("awk") is None, reason="needs bash and awk")
@@ -104,7 +105,7 @@ def test_env_lines_remap_ranks_when_stages_share_an_instance(tmp_path):
     lay = _layout(target, tp={"core": 4}, dp={"x": 4, "ring": 4}, pp={"y": 4})
     text = export.env_script(workload, target, lay)
     assert "export TRNOPT_RANK_REMAP=1" in text
-    table = export.rank_table(lay, target)
+    table = export.rank_table(lay, target, node_numbering(lay, target))
     assert not export.torchrun_order_holds(table)
     assert sorted(r for row in table for r in row) == list(range(lay.ranks))
     env_file = tmp_path / "trnopt-env.sh"

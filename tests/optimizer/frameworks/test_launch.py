@@ -151,8 +151,9 @@ def test_node_rank_script_follows_nodes_csv_and_refuses_a_partial_ultraserver(tm
         r = subprocess.run([BASH, str(out / "node-rank.sh"), str(tmp_path / "hosts"), str(tmp_path / "topo"), h],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        rank, master, us = r.stdout.split()
+        rank, master, us, topo0 = r.stdout.split()
         assert int(rank) == planned[({"us-a": 0, "us-b": 1}[u], p)] and us == u
+        assert topo[topo0] == ("us-a", 0)  # NEURON_GLOBAL_TOPOID0_HOST: UltraServer 0 of the job, node id 0
         masters.add(master)
     assert len(masters) == 1 and topo[masters.pop()] == ("us-a", 0)
     (tmp_path / "hosts").write_text("\n".join(hosts[:7]) + "\n")  # us-b has only 3 of its 4 instances
@@ -174,8 +175,10 @@ def test_run_node_starts_torchrun_with_the_static_rendezvous(tmp_path):
     fake.mkdir()
     (fake / "torchrun").write_text("#!/bin/sh\necho \"$@\"\n")
     (fake / "torchrun").chmod(0o755)
-    env = {"PATH": f"{fake}:{os.environ['PATH']}", "MASTER_ADDR": "head"}
-    r = subprocess.run([str(out / "run-node.sh"), "5"], env=env, capture_output=True, text=True)
+    env = {"PATH": f"{fake}:{os.environ['PATH']}", "MASTER_ADDR": "head",
+           "NEURON_RT_ULTRASERVER_SERVER_ID": "00000000000000a1"}  # no /sys/class/neuron_device here
+    r = subprocess.run([str(out / "run-node.sh"), "5"], env=env | {"NEURON_RT_ULTRASERVER_NODE_ID": "1"},
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     args = r.stdout.split()
     assert "--node-rank=5" in args and "--nnodes=8" in args and "--nproc-per-node=64" in args

@@ -25,8 +25,10 @@ def _parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for a in args:
         assert a.startswith("--")
-        key, _, value = a[2:].partition("=")
+        key, eq, value = a[2:].partition("=")
         section, _, name = key.partition(".")
+        if not eq:  # a boolean flag: --section.key or --section.no-key
+            value, name = ("false", name[3:].replace("-", "_")) if name.startswith("no-") else ("true", name)
         out.setdefault(section, {})[name] = value
     return out
 
@@ -60,9 +62,9 @@ def test_job_config_parses_and_its_degrees_multiply_to_the_world_size(model):
     # the overrides say the same as the file
     over = _parse_overrides(T.overrides(workload, target, lay))
     for section, keys in cfg.items():
-        if section == "job":
-            continue
         for key, value in keys.items():
+            if (section, key) == ("job", "description"):
+                continue
             expect = ("true" if value else "false") if isinstance(value, bool) else str(value)
             assert over[section][key] == expect, (section, key)
     assert "WARNING" not in text
@@ -71,8 +73,11 @@ def test_job_config_parses_and_its_degrees_multiply_to_the_world_size(model):
 def test_moe_sets_expert_degrees_and_the_model_preset():
     target, lay = deepseek_trn3_gen2()
     workload = Workload(load_model("deepseek-v3"), Training(seq=4096, global_batch=1024))
-    cfg = tomllib.loads(T.job_toml(workload, target, lay))
+    cfg = tomllib.loads(T.job_toml(workload, target, lay, fsdp="fsdp2"))
     assert cfg["model"] == {"name": "deepseek_v3", "flavor": "671B"}
+    simple = tomllib.loads(T.job_toml(workload, target, lay))  # the default: SimpleFSDP
+    assert simple["model"] == {"name": "simple_fsdp.deepseek_v3", "flavor": "671B"}
+    assert simple["job"]["custom_config_module"] == T.SIMPLE_FSDP_CONFIG
     assert cfg["parallelism"]["expert_parallel_degree"] == 8
     assert cfg["parallelism"]["expert_tensor_parallel_degree"] == lay.tp
     assert cfg["parallelism"]["data_parallel_shard_degree"] % 8 == 0  # EP is the inner part of dp_shard
