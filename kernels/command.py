@@ -204,7 +204,8 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
                 row.update(shape={"m": ku.m, "k": ku.k, "n": ku.n}, source=f"simulated now ({sim_version}, symmetric)",
                            **measure(tp, ku.kernel, ku.m, ku.k, ku.n, plan.lnc, plan.sbuf_bytes))
             except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
-                row.update(_table_row(table, ku.kernel, tp, key), source=f"table, {table.provenance_text()} (symmetric run failed: {exc})")
+                row.update(_table_row(table, ku.kernel, tp, key),
+                           source=f"table, {table.provenance_text()} (symmetric run failed: {exc})")
         rows.append(row)
     return rows, how
 
