@@ -98,10 +98,10 @@ def _mismatch(g: np.ndarray, w: np.ndarray, case: Case, dtype: np.dtype) -> str:
     bad &= ~(np.isnan(g64) & np.isnan(w64))
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
+        need = np.nanmax((err - case.rtol_ulps * eps * np.abs(w64)) / (eps * rms)) if eps and rms else float("inf")
         return (f"{int(bad.sum())} of {bad.size} elements off (first at {at}: got {g64[at]:.6g}, want {w64[at]:.6g}); "
                 f"max |err| {np.nanmax(err):.3g}, eps {eps:.3g} ({dtype}), rms {rms:.3g}, "
-                f"rtol {case.rtol_ulps:g} ulp, atol {case.atol_ulps:g} ulp x rms (passing needs atol "
-                f"{np.nanmax((err - case.rtol_ulps * eps * np.abs(w64)) / (eps * rms)) if eps and rms else float('inf'):.3g})")
+                f"rtol {case.rtol_ulps:g} ulp, atol {case.atol_ulps:g} ulp x rms (passing needs atol {need:.3g})")
     return ""
 
 

@@ -186,7 +186,8 @@ LIB_CASES += [
     lib_case("experimental/collectives/fgcc.py", "allgather_compute_matmul",
          lambda rng, r: ((rng.integers(-2, 3, (128, 256)).astype(BF16), rng.integers(-2, 3, (256, 128)).astype(BF16),
                           4, 1), {}),
-         lambda a, kw, r, al: gathered(al).astype(np.float64) @ a[1].astype(np.float64), ranks=4, lnc=2, post=lambda o: o.reshape(-1, o.shape[-1])),
+         lambda a, kw, r, al: gathered(al).astype(np.float64) @ a[1].astype(np.float64), ranks=4, lnc=2,
+         post=lambda o: o.reshape(-1, o.shape[-1])),
 ]
 
 def ref_attention(q, k, v, causal=True):

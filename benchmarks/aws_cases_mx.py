@@ -400,7 +400,8 @@ MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_block_mx.py", "bwmm_sha
                       lambda a, kw, r, al: (ref_moe_mx(*a, **kw), np.zeros(a[0].shape)), lnc=2,
                       # [2, T+1, H]: the programs' partial outputs, reduced into [0] with [1] zeroed
                       # (reduce_outputs' docstring); the padding row dropped
-                      post=lambda o: (np.asarray(o)[0, :-1].astype(np.float64), np.asarray(o)[1]), eps_dtype=(BF16, None)))
+                      post=lambda o: (np.asarray(o)[0, :-1].astype(np.float64), np.asarray(o)[1]),
+                      eps_dtype=(BF16, None)))
 MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid",
                       _hybrid_mx(_moe_mx_inputs()), lambda a, kw, r, al: ref_moe_mx(*a[1:], **kw), lnc=2, post=moe_out,
                       eps_dtype=BF16))

@@ -53,7 +53,8 @@ SDK_CASES = [
     Case("sdk/nki_simulate_example.py", "add_kernel",
          lambda rng, r: ((f32(128, 512)(rng), f32(128, 512)(rng)), {}), lambda a, kw, r, al: a[0] + a[1]),
     Case("sdk/getting_started_baremetal.py", "nki_tensor_add_kernel",
-         lambda rng, r: ((np.ones((4, 3), np.float16), np.ones((4, 3), np.float16)), {}),
+         lambda rng, r: ((rng.standard_normal((4, 3)).astype(np.float16),
+                           rng.standard_normal((4, 3)).astype(np.float16)), {}),
          lambda a, kw, r, al: a[0] + a[1]),
     *(Case(f"sdk/getting_started_{fw}.py", "nki_tensor_add_kernel",  # the framework is imported only in main
            lambda rng, r: ((f32(128, 512)(rng), f32(128, 512)(rng)), {}), lambda a, kw, r, al: a[0] + a[1])

@@ -255,7 +255,8 @@ def overlap_rows(plan: KernelPlan, shape: str) -> tuple[list[dict], str]:
                 row.update(_table_row(table, ku.kernel, tp, key), source="table (symmetric run stopped at the "
                            "time limit)")
             except Exception as exc:  # noqa: BLE001 - fall back to the table, saying why
-                row.update(_table_row(table, ku.kernel, tp, key), source=f"table, {table.provenance_text()} (symmetric run failed: {exc})")
+                row.update(_table_row(table, ku.kernel, tp, key),
+                           source=f"table, {table.provenance_text()} (symmetric run failed: {exc})")
         rows.append(row)
     return rows, how
 
