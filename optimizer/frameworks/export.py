@@ -22,7 +22,8 @@ NxD Training has ZeRO-1 only (``zero1``). When trnopt's layout uses ZeRO-2 or Ze
 export says so in a comment and the CLI warns on stderr, with the memory the same layout
 needs under ZeRO-1 (scored by the cost model).
 
-``trnopt solve --format env`` prints bash lines to source on every instance: the LNC for the
+``trnopt solve --format env`` numbers the nodes as ``trnopt launch`` does (``launch.node_numbering``:
+an instance's node rank is the same in both), and prints bash lines to source on every instance: the LNC for the
 runtime (``NEURON_LOGICAL_NC_CONFIG``) and for the compiler (``--logical-nc-config`` in
 ``NEURON_CC_FLAGS``, which must match: Neuron "Logical NeuronCore configuration" page),
 the world size, the torchrun node count and processes per node, and the rank ordering.
