@@ -93,25 +93,26 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     add_output_args(p)
 
 
-def load_runnable_layout(path: str) -> tuple[Target, Workload, Layout, Evaluation]:
+def load_runnable_layout(path: str, headroom: float = 0.0) -> tuple[Target, Workload, Layout, Evaluation]:
     """A layout file (``read_layout``: every key checked) scored again by the cost model (``Problem.evaluate``).
 
     The file's numbers are not trusted (a hand-edited ``problem.model`` keeps the old
     ``fits``); a layout whose memory per chip exceeds the chip's HBM cannot run and raises
     DoesNotFitError (exit 1, as `trnopt evaluate` on a layout that does not fit). The file
-    does not record the headroom its solve kept, so the check is against the whole HBM
-    (headroom 0): a layout trnopt solved with any headroom passes, one no chip holds does not.
+    does not record the headroom its solve kept, so by default the check is against the whole
+    HBM (``headroom`` 0): a layout trnopt solved with any headroom passes, one no chip holds does not.
     A layout that breaks a rule of the framework the file names (``profile.check_runs``) is
     bad input (exit 2, naming the rule).
     """
     target, workload, layout = read_layout(path)
     check_runs(layout, workload, layout_framework(path), path)
-    problem = Problem(workload, target, layout.domains, headroom=0.0)
+    problem = Problem(workload, target, layout.domains, headroom=headroom)
     evaluation = problem.evaluate(layout)
     if not evaluation.fits:
-        raise DoesNotFitError(f"{path}: the layout {layout.describe()} needs {evaluation.memory.total / GIB:.1f} GiB "
-                              f"per chip running {workload.model.name} on {target.name}; the chip has "
-                              f"{evaluation.usable_bytes / GIB:.1f} GiB of HBM (`trnopt evaluate` scores it)")
+        raise DoesNotFitError(f"{path}: the layout does not fit: {layout.describe()} needs "
+                              f"{evaluation.memory.total / GIB:.1f} GiB per chip running {workload.model.name} "
+                              f"on {target.name}, {evaluation.usable_bytes / GIB:.1f} usable "
+                              "(`trnopt evaluate` scores it); nothing written")
     return target, workload, layout, evaluation
 
 

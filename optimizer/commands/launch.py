@@ -11,17 +11,13 @@ import argparse
 import errno
 import os
 import stat
-import sys
 from pathlib import Path
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.args import check_float
-from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.commands.args import check_float, load_runnable_layout
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.frameworks.launch import SCHEDULERS, entry_words, launch_files, plan
 from trnopt.optimizer.frameworks.torchtitan import FSDP_MODES
-from trnopt.optimizer.model.layoutfile import read_layout
-from trnopt.optimizer.model.target import GIB
 
 DEFAULT_ENTRY = "python -m torchtitan.train"  # torchtitan 0.2.x's training entry point (torchtitan/train.py)
 EXECUTABLE = (".sh", ".sbatch")
@@ -98,12 +94,8 @@ def write_files(out: Path, files: dict[str, str], force: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     check_float(args.headroom, "--headroom", 0.0, 1.0, open_high=True)
     entry_words(args.entry)  # bad input before any work
-    target, workload, layout = read_layout(args.layout)
-    e = Problem(workload, target, layout.domains, args.headroom).evaluate(layout)
-    if not e.fits:
-        print(f"trnopt launch: the layout does not fit: {e.memory.total / GIB:.1f} GiB per chip, "
-              f"{e.usable_bytes / GIB:.1f} usable ({args.layout}); no files written", file=sys.stderr)
-        return 1
+    # the file's own numbers are not trusted: scored again, and checked against its framework's rules
+    target, workload, layout, _ = load_runnable_layout(args.layout, args.headroom)
     launch = plan(workload, target, layout, args.scheduler, args.entry, os.path.basename(args.layout),
                   fsdp=args.fsdp)
     files = launch_files(launch)
