@@ -4,8 +4,8 @@ Exit codes: 0 success (a time limit that cut a search short is a warning with th
 1 a check found a problem (check-map, kernels, evaluate of a layout that does not fit; kernels, map
 and check-map of a layout file whose layout does not fit the chip's HBM),
 2 bad input (one line naming the file, the key and the rule), 3 no feasible layout
-(proven, with the explanation), 4 the time limit passed before any layout was found, 70
-an internal error (one line; --debug shows the traceback).
+(proven, with the explanation), 4 the time limit passed before any layout was found (kernels:
+before a simulator run finished), 70 an internal error (one line; --debug shows the traceback).
 """
 
 from __future__ import annotations

@@ -89,18 +89,26 @@ def _text(path: str, name: str, value) -> str | None:
     return text or None
 
 
-def _csv_lines(path: str) -> Iterator[tuple[int, list[str]]]:
-    """(line, fields) of a CSV file, read as it goes (UTF-8, a leading byte-order mark dropped)."""
+def _check_file(path: str) -> None:
+    """A regular file of at most MAX_BYTES, checked before it is opened (a FIFO would block the open)."""
+    if not isinstance(path, str) or not path.strip():
+        raise InputError(repr(path), "--rank-map", "an empty path; give a file name")
     try:
         info = os.stat(path)
     except FileNotFoundError:
         raise InputError(path, "--rank-map", "file not found") from None
     except (OSError, ValueError) as exc:
         raise InputError(path, "--rank-map", f"not a usable path ({getattr(exc, 'strerror', None) or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(path, "--rank-map", "is a directory, not a rank map file")
     if not stat.S_ISREG(info.st_mode):
-        raise InputError(path, "--rank-map", "not a regular file")
+        raise InputError(path, "--rank-map", "not a regular file (a FIFO, socket or device is not read)")
     if info.st_size > MAX_BYTES:
         raise InputError(path, "--rank-map", f"{info.st_size:,} bytes; at most {MAX_BYTES:,} are read")
+
+
+def _csv_lines(path: str) -> Iterator[tuple[int, list[str]]]:
+    """(line, fields) of a CSV file, read as it goes (UTF-8, a leading byte-order mark dropped)."""
     reader = None
     try:
         with open(path, encoding="utf-8-sig", newline="") as text:
@@ -128,6 +136,7 @@ def _is_json(path: str) -> bool:
 
 def _rows(path: str) -> tuple[Iterator[tuple[str, int, dict]], object, bool]:
     """(where, line, row) triples, produced one at a time, the top-level lnc (or None), and whether it is JSON."""
+    _check_file(path)
     if _is_json(path):
         return (*_json_rows(path), True)
     lines = _csv_lines(path)

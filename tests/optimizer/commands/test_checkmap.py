@@ -237,3 +237,13 @@ def test_the_largest_maps_trnopt_writes_are_read(tmp_path):
     assert "2097152 ranks on 32768 instance(s)" in done.stdout and "OK:" in done.stdout
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child: evaluate or check-map
     assert peak_kib < 2**20, f"{peak_kib / 2**10:.0f} MiB"
+
+
+def test_a_fifo_as_the_rank_map_is_refused_without_opening_it(planned, capsys):
+    import os
+
+    tmp_path, lpath, _, _, _ = planned
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert main(["check-map", "--layout", lpath, "--rank-map", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err

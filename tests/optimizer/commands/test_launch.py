@@ -13,13 +13,15 @@ from trnopt.optimizer.model.workload import Training, Workload, load_model
 
 
 def _layout_file(tmp_path, rows, name="layout.json"):
+    """A layout on two trn2u (HSDP, 2 replicas): llama3-70b, which fits the HBM (check-map reads only such)."""
     target = load_target("trn2u")
     axes = target.axes(2, 2)
     placement = tuple(tuple(rows.get(d, {}).get(a.name, 1) for a in axes) for d in DIMS)
     tp = 1
     for f in rows["tp"].values():
         tp *= f
-    lay = Layout(tp=tp, pp=1, dp=512 // tp, axes=axes, placement=placement, zero=3, recompute="full")
+    lay = Layout(tp=tp, pp=1, dp=512 // tp, axes=axes, placement=placement, zero=3, recompute="full",
+                 dp_replicate=2)
     workload = Workload(load_model("llama3-70b"), Training(seq=8192, global_batch=1024))
     path = tmp_path / name
     path.write_text(json.dumps({"problem": problem_dict("trn2u", "llama3-70b", workload, 2),
