@@ -1,23 +1,26 @@
-"""The search at scale against exhaustive enumeration of the same space, side by side in one run.
+"""The search against a vectorised enumeration of the same space, side by side in one run, in CPU-seconds.
 
-Each case runs ``trnopt solve`` as a user would (its own process, the default runner-ups
-and robust choice, ``--json`` to a file) and prints: the status (OPTIMAL, FEASIBLE with
-its gap, INFEASIBLE), the wall time, the peak memory of the solve and of its CP-SAT
-children, the size of the JSON it wrote, and the enumeration time of the same space:
-measured when the space has at most --measure-limit points, otherwise estimated as
-points / the evaluation rate measured on a sample of the same enumerator (an
-overstatement, since the enumerator skips points the workload's rules remove before
-scoring them). "search s" is the search for the fastest layout and its proof; "solve s"
-the whole command (with the robust choice, the alternatives and the interpreter's start). ``--beside CMD`` runs CMD (the test suite, say) for the whole benchmark, so
-the timings are those of a loaded machine.
+Per case:
+- points: the true size of the space, every point of every LNC's space that keeps the
+  space's rules (degrees, placements, micro-batch sizes, interleave, HSDP), counted by the
+  enumeration as it scores them (memory is checked at each; a point over memory counts).
+- enum CPU-s: ``bruteforce.enumerate_space``, what a competent engineer would write instead
+  of a search: every degree tuple's points scored at once in NumPy by the project's own
+  PointBounder over the cost model's own trees, no pruning, no Layout object per point;
+  run in this process (its imports and tables warm from earlier cases, if anything in its
+  favour).
+- search CPU-s: ``trnopt solve --top 0 --uncertainty 0`` in its own process, the same
+  question (the fastest layout and its proof), from after the command's imports to its
+  exit, CP-SAT's child processes included; "command CPU-s" is the default command (three
+  runner-ups proven, the robust choice, the alternatives), "start-up" the imports before it.
+- ratio: enum CPU-s / search CPU-s (above 1: the search is faster).
+- agree: the search's step time equals the enumeration's best (relative 1e-9), or both find
+  that no layout fits.
 
-Goals: llama3-405b at about 100,000 chips OPTIMAL within 60 s; deepseek-v3 and
-mixtral-8x22b on trn2u x 1-64 and trn3-gen2 x 1-16 OPTIMAL within 30 s; at least 100x
-faster than enumeration on every space of 1M points or more; the JSON under 1 MB and the
-peak memory under 2 GiB for every solve.
+Goals: every case OPTIMAL within 5 CPU-seconds after start-up, and no slower than the
+enumeration. CPU-seconds, not wall time: these machines are shared.
 
-    python benchmarks/solver_scaling.py [--cases dense,moe,huge] [--beside "python -m pytest -q tests"]
-                                        [--no-enumeration]
+    python benchmarks/solver_scaling.py [--cases dense,moe,huge] [--match TEXT] [--no-enumeration] [--no-command]
 """
 
 from __future__ import annotations
@@ -26,12 +29,9 @@ import argparse
 import json
 import math
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 from common import environment
 
@@ -39,68 +39,59 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.frameworks.profile import DEFAULT, PROFILES
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
-from trnopt.optimizer.search.bruteforce import brute_force
-from trnopt.optimizer.search.space import Space
+from trnopt.optimizer.search.bruteforce import enumerate_space
 
-# (group, model, target, UltraServers, global batch, time limit in s)
+# (group, model, target, UltraServers)
 CASES = [
-    ("dense", "llama3-70b", "trn2u", 1, 1024, 60),
-    ("dense", "llama3-405b", "trn2u", 2, 1024, 60),
-    ("dense", "llama3-405b", "trn2u", 8, 1024, 60),
-    ("dense", "llama3-405b", "trn2u", 64, 1024, 60),
-    ("dense", "llama3-405b", "trn3-gen2", 16, 1024, 60),
-    *(("moe", model, target, n, 1024, 30) for model in ("deepseek-v3", "mixtral-8x22b")
+    ("dense", "llama3-70b", "trn2u", 1),
+    ("dense", "llama3-405b", "trn2u", 2),
+    ("dense", "llama3-405b", "trn2u", 8),
+    ("dense", "llama3-405b", "trn2u", 64),
+    ("dense", "llama3-405b", "trn2u", 256),
+    ("dense", "llama3-405b", "trn3-gen2", 16),
+    *(("moe", model, target, n) for model in ("deepseek-v3", "mixtral-8x22b")
       for target, n in (("trn2u", 1), ("trn2u", 4), ("trn2u", 16), ("trn2u", 64),
                         ("trn3-gen2", 1), ("trn3-gen2", 4), ("trn3-gen2", 16))),
-    ("huge", "llama3-405b", "trn2u", 1600, 1024, 60),
-    # 700 x 144 chips: 1,024 sequences do not tile 403,200 ranks (the solve proves it at
-    # once); 1,600 do (dp a multiple of 25)
-    ("huge", "llama3-405b", "trn3-gen2", 700, 1024, 60),
-    ("huge", "llama3-405b", "trn3-gen2", 700, 1600, 60),
+    ("huge", "llama3-405b", "trn2u", 1600),   # 102,400 chips
 ]
-SAMPLE = 3000   # layouts scored to estimate enumeration's rate
-SAMPLE_S = 60.0  # seconds at most for that sample (on the largest spaces most layouts fail the rules first)
+BATCH = 1024
+LIMIT_S = 600  # --time-limit: the safety stop only; the search ends by its proof or its work budget
 
-# runs the CLI and reports its peak memory, its CP-SAT children's included
+# runs the CLI; prints the CPU-seconds of its imports and of the command after them, children included
 CHILD = """
 import resource, sys
-from trnopt.optimizer.commands.cli import main
+def cpu():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+from trnopt.optimizer.commands.cli import main, parser
+parser(sys.argv[1:])  # the command's own imports
+begun = cpu()
 try:
     code = main(sys.argv[1:])
 except SystemExit as exit:
     code = exit.code
-peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(f"peak_kib {peak}", file=sys.stderr)
+print(f"cpu {begun:.3f} {cpu() - begun:.3f}", file=sys.stderr)
 sys.exit(code or 0)
 """
 
 
-def run_case(model: str, target: str, domains: int, batch: int, limit: float) -> dict:
-    """One ``trnopt solve`` in its own process: status, seconds, peak memory, JSON size."""
+def run_solve(model: str, target: str, domains: int, *extra: str) -> dict:
+    """One ``trnopt solve`` in its own process: status, gap, step time, start-up and command CPU-s."""
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "solve.json")
         argv = ["solve", "--target", target, "--ultraservers", str(domains), "--model", model,
-                "--global-batch", str(batch), "--time-limit", str(limit), "--json", out]
-        start = time.perf_counter()
+                "--global-batch", str(BATCH), "--time-limit", str(LIMIT_S), "--json", out, *extra]
         done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        peak = next((int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("peak_kib")), 0)
-        row = {"seconds": seconds, "peak_mib": peak / 1024, "exit": done.returncode}
+        line = next((ln.split() for ln in done.stderr.splitlines() if ln.startswith("cpu ")), ["cpu", "nan", "nan"])
+        row = {"startup": float(line[1]), "cpu": float(line[2]), "status": f"exit {done.returncode}", "step": math.nan}
         if done.returncode == 3:
-            row.update(status="INFEASIBLE", layout="none fits or tiles", json_kib=0.0, search=seconds)
+            row["status"] = "INFEASIBLE"
         elif os.path.exists(out):
             data = json.load(open(out, encoding="utf-8"))
-            status = data["status"] if data["status"] == "OPTIMAL" else f"FEASIBLE gap {100 * data['gap']:.1f}%"
-            row.update(status=status, layout=_describe(data["layout"]), json_kib=os.path.getsize(out) / 1024,
-                       points=data["space_size"], search=data["search_seconds"])
-        else:
-            row.update(status=f"exit {done.returncode}", layout=done.stderr.strip().splitlines()[-1][:80],
-                       json_kib=0.0, search=seconds)
+            row["status"] = data["status"] if data["status"] == "OPTIMAL" else \
+                f"{data['status']} gap {100 * data['gap']:.1f}% ({data['stopped_by']})"
+            row["step"], row["layout"] = data["step_time_s"], _describe(data["layout"])
         return row
-
-
-def ratio(enumeration_s: float, solve_s: float) -> str:
-    return "n/a" if math.isnan(enumeration_s) else f"{enumeration_s / solve_s:.0f}x"
 
 
 def _describe(layout: dict) -> str:
@@ -108,87 +99,45 @@ def _describe(layout: dict) -> str:
     return f"{degrees or 'TP1'}, ZeRO-{layout['zero']}, {layout['recompute']} recompute, LNC={layout['lnc']}"
 
 
-def enumeration(model: str, target_name: str, domains: int, batch: int, measure_limit: int) -> tuple[int, float, str]:
-    """(points, seconds, how) for brute force over the same space."""
-    target = load_target(target_name)
-    # the space `trnopt solve` searches by default: the default framework's options, torchrun's instance blocks
+def enumeration(model: str, target_name: str, domains: int) -> tuple[int, float, float]:
+    """(points, CPU-s, best step time) of the vectorised enumeration of the space `trnopt solve` searches by
+    default: the default framework's options, torchrun's instance blocks."""
     framework = PROFILES[DEFAULT]
-    problem = Problem(Workload(load_model(model), Training(global_batch=batch)), target, domains,
+    problem = Problem(Workload(load_model(model), Training(global_batch=BATCH)), load_target(target_name), domains,
                       zero_stages=framework.zero_stages, recompute=framework.recompute,
                       interleave=framework.interleaved, hsdp=framework.hsdp, instance_blocks=True)
-    points = sum(Space(problem, lnc).size() for lnc in problem.lnc_values)
-    if points <= measure_limit:
-        return points, brute_force(problem).seconds, "measured"
-    scored, seconds = sample(problem)
-    if not scored:
-        return points, math.nan, f"none scored in {seconds:.0f} s"
-    return points, points * seconds / scored, "estimated"
-
-
-class _Stop(Exception):
-    pass
-
-
-def sample(problem: Problem) -> tuple[int, float]:
-    """(layouts scored, seconds) by the brute-force enumerator, stopped at SAMPLE layouts or
-    SAMPLE_S seconds (a timer: on the largest spaces the enumerator can reject layouts for
-    minutes before it yields one)."""
-    def stop(*_):
-        raise _Stop
-
-    scored, start = 0, time.perf_counter()
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, SAMPLE_S)
-    try:
-        for lnc in problem.lnc_values:
-            for layout in Space(problem, lnc).layouts():
-                problem.evaluate(layout)
-                scored += 1
-                if scored >= SAMPLE:
-                    raise _Stop
-    except _Stop:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    return scored, time.perf_counter() - start
+    found = enumerate_space(problem)
+    return found.points, found.cpu_seconds, found.best.step.total if found.best else math.inf
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="dense,moe,huge", help="groups to run: dense, moe, huge")
-    ap.add_argument("--measure-limit", type=int, default=1_500_000)
-    ap.add_argument("--beside", default="", help="a command to run for the whole benchmark (load)")
+    ap.add_argument("--match", default="", help="only the cases whose name contains this")
     ap.add_argument("--no-enumeration", action="store_true", help="time the solves only")
+    ap.add_argument("--no-command", action="store_true", help="skip the default command (runner-ups, robust choice)")
     args = ap.parse_args()
     groups = set(args.cases.split(","))
     print(environment())
-    beside = None
-    if args.beside:
-        beside = subprocess.Popen(shlex.split(args.beside), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"beside: {args.beside} (pid {beside.pid})")
-    print(f"{'case':36s} {'points':>16s} {'status':>18s} {'search s':>8s} {'solve s':>8s} {'limit':>5s} {'peak MiB':>8s} "
-          f"{'JSON KiB':>8s} {'enum s':>10s} {'enum':>9s} {'ratio':>7s}  layout")
-    try:
-        for group, model, target, domains, batch, limit in CASES:
-            if group not in groups:
-                continue
-            row = run_case(model, target, domains, batch, limit)
-            if args.no_enumeration:
-                points, enum_s, how = row.get("points", 0), math.nan, "not run"
-            else:
-                points, enum_s, how = enumeration(model, target, domains, batch, args.measure_limit)
-            if row.get("points", points) != points:  # the enumeration must time the space the solve searched
-                how = f"{how}, other space ({row['points']:,d} searched)"
-            name = f"{model} {target} x{domains}" + (f" batch {batch}" if batch != 1024 else "")
-            print(f"{name:36s} {points:16,d} {row['status']:>18s} {row['search']:8.2f} {row['seconds']:8.2f} {limit:5.0f} "
-                  f"{row['peak_mib']:8.0f} {row['json_kib']:8.1f} {enum_s:10.0f} {how:>9s} "
-                  f"{ratio(enum_s, row['seconds']):>7s}  {row['layout']}", flush=True)
-    finally:
-        if beside is not None:
-            still = beside.poll() is None
-            beside.terminate()
-            print(f"beside: {'still running at the end' if still else f'ended before the end (exit {beside.returncode})'}")
+    print(f"{'case':30s} {'points':>11s} {'enum CPU-s':>10s} {'search CPU-s':>12s} {'ratio':>7s} {'agree':>5s} "
+          f"{'status':>10s} {'command CPU-s':>13s} {'start-up':>8s}  layout")
+    for group, model, target, domains in CASES:
+        name = f"{model} {target} x{domains}"
+        if group not in groups or args.match not in name:
+            continue
+        search = run_solve(model, target, domains, "--top", "0", "--uncertainty", "0")
+        command = {"cpu": math.nan} if args.no_command else run_solve(model, target, domains)
+        points, enum_s, enum_step = (0, math.nan, math.nan) if args.no_enumeration else \
+            enumeration(model, target, domains)
+        if math.isnan(enum_step):
+            agree = "n/a"
+        elif math.isinf(enum_step):  # no layout fits: the search must prove it
+            agree = "yes" if search["status"] == "INFEASIBLE" else "NO"
+        else:
+            agree = "yes" if abs(search["step"] - enum_step) <= 1e-9 * enum_step else "NO"
+        print(f"{name:30s} {points:11,d} {enum_s:10.2f} {search['cpu']:12.2f} {enum_s / search['cpu']:6.1f}x "
+              f"{agree:>5s} {search['status']:>10s} {command['cpu']:13.2f} {search['startup']:8.2f}  "
+              f"{search.get('layout', '')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,3 +22,10 @@ COMPARE_TARGETS = "trn2u,trn3-gen1,trn3-gen2"
 # torch.distributed on Neuron", SDK 2.33); "fsdp2" is fully_shard.
 TORCHTITAN_FSDP = "simple"
 UNCERTAINTY = 0.03          # relative step-time uncertainty within which near-ties go to the robust layout
+# The search's work budgets: they, never wall time, end a search early, so its answer is a
+# function of the inputs alone (--time-limit is only a safety stop). CP-SAT's deterministic
+# time is its own count of work in "seconds" of a reference machine.
+SOLVE_DETERMINISTIC_S = 30.0   # deterministic seconds per CP-SAT solve
+SEARCH_DETERMINISTIC_S = 120.0 # deterministic seconds for all the CP-SAT solves of one branch and bound
+SEARCH_NODES = 200_000         # branches and placements the branch and bound takes from its queue
+SEARCH_POINTS = 400_000_000    # points the branch and bound scores in NumPy

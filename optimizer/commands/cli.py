@@ -11,15 +11,31 @@ before a simulator run finished), 70 an internal error (one line; --debug shows 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-from trnopt.kernels import command as kernels_command
-from trnopt.optimizer.commands import calibrate, catalog, checkmap, compare, evaluate, launch, solve
-from trnopt.optimizer.commands import map as map_command
 from trnopt.optimizer.errors import DoesNotFitError, InfeasibleError, InputError, TimeLimitError, one_line
 
-COMMANDS = (catalog, evaluate, solve, compare, map_command, checkmap, launch, calibrate, kernels_command)
+# command -> (the module that registers and runs it, its line in `trnopt --help`). Only the
+# module of the command given is imported: together they pull in OR-Tools, NumPy and
+# ml_dtypes, 1.4 CPU-seconds of start-up that `trnopt --help` or `trnopt targets` never use.
+COMMANDS = {
+    "targets": ("trnopt.optimizer.commands.catalog", "list the built-in targets, or show one"),
+    "models": ("trnopt.optimizer.commands.catalog", "list the model presets, or show one"),
+    "evaluate": ("trnopt.optimizer.commands.evaluate", "score one hand-written layout with the cost model"),
+    "solve": ("trnopt.optimizer.commands.solve", "find the fastest layout that fits (CP-SAT)"),
+    "compare": ("trnopt.optimizer.commands.compare", "best layout of one model on several targets, side by side"),
+    "map": ("trnopt.optimizer.commands.map", "picture of the domain: chips by TP group and pipeline stage"),
+    "check-map": ("trnopt.optimizer.commands.checkmap",
+                  "check the rank-to-device map a job printed against the plan"),
+    "launch": ("trnopt.optimizer.commands.launch",
+               "write the files that run a layout (torchrun, Slurm or Kubernetes)"),
+    "calibrate": ("trnopt.optimizer.commands.calibrate",
+                  "fit a target's link rates (nccom-test) and compute utilisation (a step time)"),
+    "kernels": ("trnopt.kernels.command",
+                "plan the overlap kernels of a solved layout and check them in the simulator"),
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,17 +46,33 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def parser() -> argparse.ArgumentParser:
+class _One:
+    """The subcommands, passing on one command's parser only (a module may register several)."""
+
+    def __init__(self, sub, name: str):
+        self.sub, self.name = sub, name
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        return self.sub.add_parser(name, **kwargs) if name == self.name else Parser(prog=name)
+
+
+def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``argv``'s command in full (its module imported), every other command by its line."""
     top = Parser(prog="trnopt", description="Parallel layouts and overlap kernels for AWS Trainium.")
     top.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = top.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.register(sub)
+    # the command is the first word that is not an option (the top level's options take no value)
+    chosen = next((word for word in (sys.argv[1:] if argv is None else argv) if not word.startswith("-")), None)
+    for name, (module, summary) in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).register(_One(sub, name))
+        else:
+            sub.add_parser(name, help=summary)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser(argv).parse_args(argv)
     try:
         return args.run(args)
     except InputError as exc:

@@ -121,9 +121,14 @@ def with_overlap_source(lines: list[str], e: Evaluation, p) -> list[str]:
     return lines[:at + 1] + [source] + lines[at + 1:]
 
 
+# what ended a search before its proof (SearchResult.stopped)
+STOPPED_BY = {"work": "work budget", "time": "time limit"}
+
+
 def solve_text(result: SearchResult, no_overlap: NoOverlapAnswer | None = None) -> str:
     p, e = result.problem, result.best
-    status = "OPTIMAL" if result.status == "OPTIMAL" else f"FEASIBLE, gap {100 * result.gap:.2f}% (time limit)"
+    status = "OPTIMAL" if result.status == "OPTIMAL" else \
+        f"FEASIBLE, gap {100 * result.gap:.2f}% ({STOPPED_BY.get(result.stopped, 'stopped')})"
     out = [f"trnopt solve: {p.workload.model.name} on {p.domains} x {p.target.name} "
            f"({p.domains * p.target.chips_per_domain} chips), seq {p.workload.training.seq}, "
            f"global batch {p.workload.training.global_batch}, objective {p.objective}"]
@@ -167,7 +172,7 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
                    f"[{result.fastest.layout.placement_text()}], which models {100 * slower:.2g}% faster, within the "
                    f"{u:.0%} uncertainty; this layout keeps TP on faster links (inside a chip first) and more headroom")
     elif result.robust_skipped:
-        out.append(f"robust choice: not looked for (the time limit left too little to build another model); "
+        out.append(f"robust choice: not settled (the time limit stopped it); "
                    f"this is the fastest layout found, without regard to the {u:.0%} uncertainty")
     elif u > 0 and result.runners_up and p.score(result.runners_up[0]) <= p.score(e) * (1 + u):
         out.append(f"near-tie: the next best layout is within the {u:.0%} uncertainty "
@@ -186,8 +191,8 @@ def solve_dict(result: SearchResult, problem_info: dict, no_overlap: NoOverlapAn
         "problem": problem_info,
         "status": result.status,
         "gap": result.gap,
-        "solve_seconds": result.seconds,
-        "search_seconds": result.search_seconds,
+        # no timings: the document is a function of the inputs alone unless the time limit stopped the search
+        "stopped_by": STOPPED_BY.get(result.stopped),
         "space_size": result.space_size,
         "layout": layout_dict(e.layout),
         **e.as_dict(),

@@ -39,8 +39,8 @@ def register(sub) -> None:
                    help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
                         "nxd with --format nxd): torchtitan = FSDP2/HSDP (ZeRO-3), nxd = ZeRO-0/1")
     p.add_argument("--deterministic-limit", type=float, metavar="SECONDS",
-                   help="also bound each CP-SAT solve by CP-SAT's deterministic time: the same answer on a loaded "
-                        "machine as on an idle one (default: the wall-clock --time-limit only)")
+                   help="CP-SAT's deterministic-time budget per solve (a count of its work: the same answer on "
+                        f"any machine; default {defaults.SOLVE_DETERMINISTIC_S:g}); --time-limit is only a safety stop")
     p.add_argument("--uncertainty", type=float, default=defaults.UNCERTAINTY,
                    help=f"relative step-time uncertainty: among layouts within it of the fastest, prefer TP on "
                         f"faster links and more headroom (default {defaults.UNCERTAINTY:g}; 0 keeps the fastest)")
@@ -108,9 +108,12 @@ def run(args: argparse.Namespace) -> int:
     for why in (framework.supports(result.best.layout, workload), framework.producible(result.best.layout, target)):
         if why:
             print(f"trnopt: warning: {why}", file=sys.stderr)
-    if result.status != "OPTIMAL":
-        print(f"trnopt: warning: time limit reached; best layout shown, gap {100 * result.gap:.2f}%",
-              file=sys.stderr)
+    if result.stopped == "time":
+        print(f"trnopt: warning: time limit reached; best layout shown, gap {100 * result.gap:.2f}%; the answer may "
+              "differ on another machine or under another load (the search's work budget would not)", file=sys.stderr)
+    elif result.status != "OPTIMAL":
+        print(f"trnopt: warning: the search's work budget ended before its proof; best layout shown, gap "
+              f"{100 * result.gap:.2f}% (the same on any machine)", file=sys.stderr)
     return 0
 
 

@@ -33,15 +33,33 @@ class Ranges:
         self.empty = any(len(v) == 0 for v in values.values())
 
 
+class FactorEntries:
+    """Each factor's value at each combination of its decisions' values, computed once (the
+    factors' functions are pure) and shared by the Bounder and the PointBounder of a space."""
+
+    def __init__(self):
+        self._values: dict[tuple, float] = {}
+        self._keep: dict[int, f.Factor] = {}  # keyed by id: keep the factors alive
+
+    def __call__(self, factor: f.Factor, args: tuple) -> float:
+        key = (id(factor), args)
+        found = self._values.get(key)
+        if found is None:
+            self._keep.setdefault(id(factor), factor)
+            found = self._values[key] = factor.fn(*args)
+        return found
+
+
 class Bounder:
     """Intervals of trees over Ranges. A node's interval depends only on the sets of the
     decisions below it, so it is kept by (node, those sets' tags) across calls: bounding
     many tuples of decisions recomputes only the nodes whose decisions changed."""
 
-    def __init__(self):
+    def __init__(self, entries: FactorEntries | None = None):
         self._memo: dict[tuple, Interval] = {}
         self._deps: dict[int, tuple[str, ...]] = {}
         self._keep: list[f.Expr] = []  # the caches are keyed by id: keep the nodes alive
+        self.entries = entries or FactorEntries()
 
     def interval(self, expr: f.Expr, ranges: Ranges) -> Interval:
         """(lo, hi) of ``expr`` over every point of ``ranges``."""
@@ -67,7 +85,7 @@ class Bounder:
         if isinstance(expr, f.Const):
             return expr.number, expr.number
         if isinstance(expr, f.Factor):
-            entries = [expr.fn(*v) for v in itertools.product(*(ranges.values[k] for k in expr.keys))]
+            entries = [self.entries(expr, v) for v in itertools.product(*(ranges.values[k] for k in expr.keys))]
             return min(entries), max(entries)
         if isinstance(expr, f.Prod):
             lo = hi = expr.coef
@@ -113,10 +131,9 @@ class PointBounder:
     decisions' values, of its least and greatest entry over the ranged ones; the operations
     apply elementwise. Factor entries are kept across calls (the functions are pure)."""
 
-    def __init__(self):
-        self._entries: dict[tuple, float] = {}
+    def __init__(self, entries: FactorEntries | None = None):
         self._tables: dict[tuple, tuple] = {}
-        self._keep: dict[int, f.Factor] = {}  # the caches are keyed by id: keep the factors alive
+        self.entries = entries or FactorEntries()
 
     def intervals(self, exprs: Sequence[f.Expr], lists: Mapping[str, Sequence[Any]],
                   ranged: Mapping[str, Sequence[Any]], index: Mapping[str, np.ndarray],
@@ -168,7 +185,7 @@ class PointBounder:
             for combo in itertools.product(*(lists[k] for k in fixed)):
                 chosen = dict(zip(fixed, combo))
                 values = [(chosen[k],) if k in chosen else ranged[k] for k in factor.keys]
-                entries = [self._entry(factor, args) for args in itertools.product(*values)]
+                entries = [self.entries(factor, args) for args in itertools.product(*values)]
                 lo.append(min(entries))
                 hi.append(max(entries))
             table = self._tables[key] = (np.asarray(lo), np.asarray(hi))
@@ -178,14 +195,6 @@ class PointBounder:
         for k in fixed:  # mixed radix, last key fastest (itertools.product order)
             flat = flat * len(lists[k]) + index[k]
         return table[0][flat], table[1][flat]
-
-    def _entry(self, factor: f.Factor, args: tuple) -> float:
-        key = (id(factor), args)
-        found = self._entries.get(key)
-        if found is None:
-            self._keep.setdefault(id(factor), factor)
-            found = self._entries[key] = factor.fn(*args)
-        return found
 
 
 def _times_array(x: tuple, y: tuple) -> tuple:

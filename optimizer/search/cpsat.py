@@ -43,14 +43,12 @@ from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
 from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.search.space import Space, divisors, prime_exponents
 from trnopt.optimizer.search.solver import BoundedSolver
+from trnopt.optimizer.search.spacebounds import PLACED, SPANS, axis_key, canonical, interchangeable
 from trnopt.optimizer.search.tabulate import Tabulator
 
 TICKS_PER_COMPUTE = 2**24  # ticks in the compute at peak
 GOODPUT_SCALE = 2**24  # 1/goodput in units of 2^-24: 6e-8 relative
 OBJECTIVE_BITS = 50  # CP-SAT's objective bounds lose exactness far above 2^53 (doubles)
-PLACED = ("tp", "cp", "ep", "edp", "pp")  # the variable family of each Layout placement row, in DIMS order
-SPANS = {"span.tp": ("tp",), "span.cp": ("cp",), "span.ep": ("ep",), "span.edp": ("edp",),
-         "span.pp": ("pp",), "span.dp": ("ep", "edp")}
 
 
 class SolverMismatch(AssertionError):
@@ -235,21 +233,14 @@ class LayoutModel(IntModel):
 
     def interchangeable(self) -> list[int]:
         """Each j whose axes j and j + 1 are identical (kind, size, bandwidth, latency)."""
-        axes = self.space.axes
-        return [j for j in range(len(axes) - 1) if (axes[j].kind, axes[j].size, axes[j].bandwidth, axes[j].latency)
-                == (axes[j + 1].kind, axes[j + 1].size, axes[j + 1].bandwidth, axes[j + 1].latency)]
+        return interchangeable(self.space.axes)
 
     def _axis_key(self, j: int, factor_index):
-        """The families' factors on axis j as one mixed-radix number, the first active family most
-        significant; ``factor_index(family, j)`` is a factor's position in the axis's divisors."""
-        base = len(self.axis_divisors[j])
-        return sum(base ** (len(self.active) - 1 - i) * factor_index(d, j) for i, d in enumerate(self.active))
+        return axis_key(self.active, self.axis_divisors, j, factor_index)
 
     def canonical(self, rows: dict[str, tuple[int, ...]]) -> bool:
         """Whether a placement (family -> row) keeps the symmetry rule of _constraints."""
-        def index(d, j):
-            return self.axis_divisors[j].index(rows[d][j])
-        return all(self._axis_key(j, index) >= self._axis_key(j + 1, index) for j in self.interchangeable())
+        return canonical(self.space.axes, self.active, self.axis_divisors, rows)
 
     def _hsdp(self):
         """HSDP's rules, enforced by its literal (space.Space.layouts holds the same ones)."""

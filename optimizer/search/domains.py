@@ -17,8 +17,6 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import TimeLimitError
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.target import GIB
-from trnopt.optimizer.search.cpsat import LayoutModel
-from trnopt.optimizer.search.solver import STATUS, solver_for
 from trnopt.optimizer.search.space import Space
 
 MAX_DOMAINS = 64
@@ -50,6 +48,8 @@ def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = defaul
     """(CP-SAT's proven floor on the memory per chip every layout of the space needs, HBM limit
     ignored; the least-memory layout found; whether it is proven the least), None when no layout
     was found within the time limit."""
+    from trnopt.optimizer.search.cpsat import LayoutModel  # OR-Tools, imported when a command needs it
+    from trnopt.optimizer.search.solver import STATUS, solver_for
     lm = LayoutModel(space, memory_objective=True)
     solver = solver_for(time_limit, workers, seed, interleave=False)  # the bound is the answer, not the layout
     status = STATUS[solver.solve(lm.model)]
@@ -61,6 +61,8 @@ def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = defaul
 def fits(space: Space, time_limit: float = 20.0, workers: int = defaults.WORKERS,
          seed: int = defaults.SEED) -> bool | None:
     """Whether some layout of the space fits the HBM limit (None: undecided within the time limit)."""
+    from trnopt.optimizer.search.cpsat import LayoutModel  # OR-Tools, imported when a command needs it
+    from trnopt.optimizer.search.solver import STATUS, solver_for
     lm = LayoutModel(space, memory_objective=True)
     lm.model.add(lm.memory.expr <= int(space.problem.target.chip.hbm_bytes * (1 - space.problem.headroom)))
     lm.model.clear_objective()

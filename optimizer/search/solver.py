@@ -1,4 +1,11 @@
-"""CP-SAT solves that end by their wall-clock limit, whatever CP-SAT does meanwhile.
+"""CP-SAT solves bounded by work, with a wall-clock safety stop that holds whatever CP-SAT does meanwhile.
+
+Work, not time, decides between layouts: every solve runs on a fixed worker count with a
+budget in CP-SAT's deterministic time (``max_deterministic_time``, a count of the solver's
+own work), so a loaded machine finds the same layouts as an idle one. Wall-clock time is
+only the command's safety stop (``--time-limit``), read through search/clock.py, and a solve or a step
+the safety stop ends is reported as such (``BoundedSolver.wall_stopped``, search/clock.py),
+since its answer may then differ from machine to machine.
 
 CP-SAT checks its time limit between steps, and some steps do not count towards it: on the
 model of 1,600 Trn2 UltraServers one presolve pass (``PresolveToFixPoint``) takes seconds
@@ -23,12 +30,12 @@ import time
 from ortools.sat.python import cp_model
 from ortools.sat.python import cp_model_helper as cmh
 
+from trnopt.optimizer.defaults import SOLVE_DETERMINISTIC_S
+
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
           cp_model.MODEL_INVALID: "MODEL_INVALID", cp_model.UNKNOWN: "UNKNOWN"}
 
 GRACE_S = 1.0  # past its own limit, CP-SAT is given this long to report before it is stopped
-
-
 class SolverCrash(RuntimeError):
     """CP-SAT ended without a response (a signal or a non-zero exit of the solving process)."""
 
@@ -116,6 +123,20 @@ class BoundedSolver:
         return cmh.ResponseHelper.boolean_value(self._checked(), literal)
 
     @property
+    def deterministic_time(self) -> float:
+        """CP-SAT's deterministic seconds in the last solve (its count of work, the same on any machine)."""
+        return self._checked().deterministic_time
+
+    @property
+    def wall_stopped(self) -> bool:
+        """The last solve ended by its wall-clock limit (the safety stop), not by its work: it was
+        neither settled (OPTIMAL, INFEASIBLE) nor out of deterministic time."""
+        response = self._checked()
+        if response.status in (cp_model.OPTIMAL, cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+            return False
+        return self.timed_out or response.deterministic_time < self.parameters.max_deterministic_time * (1 - 1e-9)
+
+    @property
     def objective_value(self) -> float:
         return self._checked().objective_value
 
@@ -132,12 +153,13 @@ def _describe(status: int) -> str:
 
 def solver_for(time_limit: float, workers: int, seed: int, interleave: bool = True,
                deterministic_limit: float | None = None) -> BoundedSolver:
-    """A solver with its parameters and their reasons."""
+    """A solver with its parameters and their reasons: ``deterministic_limit`` (default
+    defaults.SOLVE_DETERMINISTIC_S) is its work budget, ``time_limit`` only the safety stop."""
     solver = BoundedSolver()
-    solver.parameters.max_time_in_seconds = time_limit
-    if deterministic_limit is not None:
-        # a budget in CP-SAT's deterministic time: the same answer on a loaded machine as on an idle one
-        solver.parameters.max_deterministic_time = deterministic_limit
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    # a budget in CP-SAT's deterministic time: the same answer on a loaded machine as on an idle one
+    solver.parameters.max_deterministic_time = SOLVE_DETERMINISTIC_S if deterministic_limit is None \
+        else deterministic_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     # interleaved search makes several workers deterministic for a fixed seed and count

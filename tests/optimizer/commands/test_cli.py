@@ -45,7 +45,7 @@ def test_solve_json_keys_and_layout_round_trip(capsys, tmp_path):
     assert code == 0, err
     assert "rank-to-chip map" in out and "NEURON_LOGICAL_NC_CONFIG" in out and "--logical-nc-config" in out
     data = json.loads(path.read_text())
-    for key in ("status", "solve_seconds", "layout", "rank_map", "memory_gib_per_chip", "step_time_s", "tokens_per_s"):
+    for key in ("status", "stopped_by", "layout", "rank_map", "memory_gib_per_chip", "step_time_s", "tokens_per_s"):
         assert key in data
     for key in ("tp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "lnc", "placement"):
         assert key in data["layout"]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from trnopt.optimizer.cost.steptime import TERMS
 from trnopt.optimizer.model.layout import DIMS
-from trnopt.optimizer.search.branch import FAMILIES, SpaceBounds
+from trnopt.optimizer.search.spacebounds import FAMILIES, SpaceBounds
 from trnopt.optimizer.search.cpsat import LayoutModel
 from trnopt.optimizer.search.driver import solve
 from trnopt.optimizer.search.space import Space
@@ -51,7 +51,7 @@ def _point_floor(bounds: SpaceBounds, layout) -> float:
     ranged = {k: base.values[k] for k in ("tp", "cp", "ep", "pp", "edp", "dp", "hsdp")}
     steps = [bounds.lm.steps[name] for name in TERMS if name != "tp_raw"]
     tags = {k: (k, tuple(v)) for k, v in {**lists, **ranged}.items()}
-    values = bounds.points.intervals(steps, lists, ranged, index, tags)
+    values = bounds.points_bounder.intervals(steps, lists, ranged, index, tags)
     return float(sum(np.broadcast_to(lo, (1,)) for lo, _ in values)[0])
 
 

@@ -1,0 +1,403 @@
+"""The branches of a space and their bounds: interval arithmetic on the cost model's own trees
+(search/bounds.py) over a degree tuple (a branch), its (recompute, ZeRO) plans, and every
+point of it at once in NumPy, where each point's value is exact.
+
+A branch is a degree tuple (tp, cp, ep, edp, pp) of one LNC's space. ``branches`` floors
+each with every other decision ranging; ``refine`` floors its plans one by one; ``place``
+scores every point (placement x plan x micro-batch size x interleave x HSDP) at once: with
+every decision fixed, a point's interval is one number, the cost model's step time (the
+trees are the cost model's own, cost/steptime.py ``step_terms``, cost/memory.py
+``memory_terms``), so the branch's best point is its best layout, re-scored by the float
+cost model before it is used. A branch with more points than MAX_POINTS is left to CP-SAT
+(search/branch.py), which is where the model is built (``lm``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from trnopt.optimizer.cost.memory import memory_terms
+from trnopt.optimizer.cost.steptime import TERMS, step_terms
+from trnopt.optimizer.model.layout import Layout, every_nth
+from trnopt.optimizer.model.placement import instance_prefix
+from trnopt.optimizer.search.bounds import Bounder, FactorEntries, PointBounder, Ranges
+from trnopt.optimizer.search.space import Space, block_step, divisors, prime_exponents
+
+if TYPE_CHECKING:  # CP-SAT (OR-Tools) is imported only when a branch needs it
+    from trnopt.optimizer.search.cpsat import LayoutModel
+
+PLACED = ("tp", "cp", "ep", "edp", "pp")  # the variable family of each Layout placement row, in DIMS order
+SPANS = {"span.tp": ("tp",), "span.cp": ("cp",), "span.ep": ("ep",), "span.edp": ("edp",),
+         "span.pp": ("pp",), "span.dp": ("ep", "edp")}  # each span decision's families
+# Families in the order of a degree tuple (edp: the expert-data replicas, dp // ep)
+FAMILIES = PLACED
+SLACK = 1e-6  # relative: the cutoff lets through layouts that tie with it within float noise
+MAX_POINTS = 2_000_000   # points, and placements, scored in one branch before it is left to CP-SAT whole;
+MAX_PLACEMENTS = 20_000  # past these the scoring would cost more than the solve
+CHUNK_POINTS = 100_000  # points bounded in one NumPy pass (a few MB per node of the trees)
+EXACT = 1e-9  # relative: a point's interval narrower than this is its value (float noise of the trees)
+
+
+@dataclass
+class Branch:
+    """One degree tuple of one space (LNC) and what is known of it."""
+
+    space: SpaceBounds
+    degrees: dict[str, int]
+    floor: float                                  # seconds: no layout of the branch is faster
+    plans: dict[tuple[str, int], float] | None = None  # once refined: (recompute, zero) plans left -> floor
+    placed: bool = False            # its points were bounded (or there were too many to)
+    placements: list | None = None  # once placed: (floor, rows) of each placement that could beat it, best first
+    best: Layout | None = None      # once placed exactly: its best layout (every point scored), None if none fits
+
+
+
+class SpaceBounds:
+    """The branches of one space (one LNC) and their bounds, from the cost model's trees; its
+    LayoutModel (``lm``) is built only when a branch needs CP-SAT."""
+
+    def __init__(self, source: LayoutModel | Space):
+        self._lm = None if isinstance(source, Space) else source
+        self.space = source.space if self._lm is not None else source
+        self.problem = p = self.space.problem
+        w, t, axes = p.workload, p.target, self.space.axes
+        self.steps = self._lm.steps if self._lm else step_terms(w, t, axes, self.space.lnc, p.overlap)
+        self.memories = self._lm.memories if self._lm else memory_terms(w, t, axes)
+        # the decisions' values, as cpsat.LayoutModel has them
+        degrees = {d: self.space.degrees["dp" if d == "edp" else d] for d in FAMILIES}
+        self.active = [d for d in FAMILIES if len(degrees[d]) > 1]
+        self.degree_values = {d: degrees[d] for d in self.active}
+        self.axis_divisors = [divisors(a.size) for a in axes]
+        self.interleaves = self.space.interleaves if "pp" in self.active else (1,)
+        self.recompute_values, self.zero_values = tuple(p.recompute), tuple(p.zero_stages)
+        self.hsdp_values = self.space.hsdp_values
+        entries = FactorEntries()
+        self.bounder, self.points_bounder = Bounder(entries), PointBounder(entries)
+        self.usable = self.problem.target.chip.hbm_bytes * (1 - self.problem.headroom)
+        self._rows = self._rows_by_degree()
+        self._spans: dict[tuple, tuple] = {}
+        self._by_degree: dict[int, list] = {}
+        self._position: dict[int, dict] = {}
+
+    @property
+    def lm(self) -> LayoutModel:
+        """The space's CP-SAT model, built on first use (SafetyStop may interrupt the caller's build)."""
+        if self._lm is None:
+            from trnopt.optimizer.search.cpsat import LayoutModel
+            self._lm = LayoutModel(self.space)
+        return self._lm
+
+    # -- ranges of the decisions a branch leaves open -------------------------------------------
+    def _rows_by_degree(self) -> dict[int, list[tuple[int, ...]]]:
+        """The placement rows (a factor per axis), grouped by their product."""
+        groups: dict[int, list] = {}
+        for row in itertools.product(*self.axis_divisors):
+            groups.setdefault(math.prod(row), []).append(row)
+        return groups
+
+    def _span(self, row: tuple[int, ...]) -> tuple:
+        found = self._spans.get(row)
+        if found is None:
+            found = self._spans[row] = tuple((a, n) for a, n in zip(self.space.axes, row) if n > 1)
+        return found
+
+    def _positions(self, degree: int) -> dict[tuple[int, ...], int]:
+        """Each row of product ``degree``: its position in ``_spans_of(degree)``."""
+        found = self._position.get(degree)
+        if found is None:
+            found = self._position[degree] = {r: i for i, r in enumerate(self._rows.get(degree, []))}
+        return found
+
+    def _spans_of(self, degree: int) -> list:
+        """The spans of every row whose product is ``degree``."""
+        found = self._by_degree.get(degree)
+        if found is None:
+            found = self._by_degree[degree] = [self._span(r) for r in self._rows.get(degree, [])]
+        return found
+
+    def ranges(self, degrees: dict[str, int], fixed: dict | None = None, rows: dict | None = None) -> Ranges:
+        """Every decision's values in the branch (a superset where the exact set needs the placement);
+        ``fixed`` (recompute, zero, micro_batch, interleave: one value each) and ``rows`` (a
+        placement: span decision -> row) narrow it."""
+        fixed, rows = fixed or {}, rows or {}
+        p, space = self.problem, self.space
+        batch, layers = p.workload.training.global_batch, p.workload.model.layers
+        dp, pp = degrees["ep"] * degrees["edp"], degrees["pp"]
+        sizes = tuple(b for b in space.micro_batches if batch % (dp * b) == 0)
+        counts = tuple(batch // (dp * b) for b in sizes)
+        interleaves = (1,) + tuple(v for v in self.interleaves if v > 1 and pp > 1 and space.stages_ok(pp, v)
+                                   and any(m % pp == 0 for m in counts))
+        recompute = tuple(rc for rc in self.recompute_values
+                          if not every_nth(rc) or math.ceil(layers / pp) % every_nth(rc) == 0)
+        values = {"tp": (degrees["tp"],), "cp": (degrees["cp"],), "ep": (degrees["ep"],), "pp": (pp,),
+                  "edp": (degrees["edp"],), "dp": (dp,), "micro_batch": sizes, "interleave": interleaves,
+                  "recompute": recompute, "zero": self.zero_values,
+                  "hsdp": (False,) if degrees["ep"] > 1 else self.hsdp_values}
+        for key, value in fixed.items():
+            values[key] = (value,) if value in values[key] else ()
+        values["micro_batches"] = tuple(batch // (dp * b) for b in values["micro_batch"])
+        tags = {key: (key, v) for key, v in values.items()}
+        span_degree = {"span.tp": degrees["tp"], "span.cp": degrees["cp"], "span.ep": degrees["ep"],
+                       "span.edp": degrees["edp"], "span.pp": pp, "span.dp": dp}
+        for key, degree in span_degree.items():
+            if key in rows:  # one placement: its rows' spans
+                values[key], tags[key] = (self._span(rows[key]),), (key, rows[key])
+            elif not any(d in self.active for d in SPANS[key]):  # a family the model does not place
+                values[key], tags[key] = ((),) if degree == 1 else (), (key, degree)
+            else:
+                values[key], tags[key] = self._spans_of(degree), (key, degree)
+        return Ranges(values, tags)
+
+    def placements(self, degrees: dict[str, int]):
+        """Every placement of the degrees on the axes, as span-decision -> row (the rules of
+        cpsat.LayoutModel: each axis shared out exactly; torchrun's instance blocks where asked,
+        checked on each prefix of the rank order, since a prefix that breaks them cannot be mended)."""
+        axes, ones = self.space.axes, (1,) * len(self.space.axes)
+        families = [d for d in FAMILIES if degrees[d] > 1]
+        inside = instance_prefix(axes, self.problem.target.chips_per_instance) if self.problem.instance_blocks \
+            else None
+
+        def extend(i: int, left: tuple[int, ...], chosen: list, blocks):
+            if i == len(families):
+                rows = dict(zip(families, chosen))
+                if not canonical(axes, self.active, self.axis_divisors, {d: rows.get(d, ones) for d in self.active}):
+                    return  # the mirror of another placement (identical axes), which the model excludes
+                ep, edp = rows.get("ep", ones), rows.get("edp", ones)
+                yield {"span.tp": rows.get("tp", ones), "span.cp": rows.get("cp", ones), "span.ep": ep,
+                       "span.edp": edp, "span.pp": rows.get("pp", ones),
+                       "span.dp": tuple(a * b for a, b in zip(ep, edp))}
+                return
+            # the last family takes what is left, which must be its degree
+            rows = [left] if i == len(families) - 1 else _rows_within(left, degrees[families[i]])
+            for row in rows:
+                if i == len(families) - 1 and math.prod(row) != degrees[families[i]]:
+                    continue
+                after = block_step(inside, blocks, row) if inside is not None else None
+                if inside is not None and after is None:
+                    continue
+                yield from extend(i + 1, tuple(n // r for n, r in zip(left, row)), chosen + [row], after)
+
+        yield from extend(0, tuple(a.size for a in axes), [], ((1,) * len(axes), False))
+
+    def floors(self, ranges: Ranges) -> tuple[float, float]:
+        """(step time, memory) floors over ``ranges``."""
+        step = sum(self.bounder.interval(self.steps[name], ranges)[0] for name in TERMS if name != "tp_raw")
+        memory = sum(self.bounder.interval(e, ranges)[0] for e in self.memories.values())
+        return step, memory
+
+    # -- the branches -----------------------------------------------------------------------------
+    def branches(self, prune: bool = True) -> list[Branch]:
+        """Every degree tuple with a placement row for each family and a micro-batch size, floored
+        and those whose memory floor exceeds the usable HBM dropped (unless not ``prune``: then
+        every tuple, floor 0)."""
+        candidates = [self.degree_values.get(d, self._single(d)) for d in FAMILIES]
+        out = []
+        for combo in itertools.product(*candidates):
+            if math.prod(combo) != self.space.ranks:
+                continue
+            degrees = dict(zip(FAMILIES, combo))
+            ranges = self.ranges(degrees)
+            if ranges.empty:
+                continue
+            if not prune:
+                out.append(Branch(self, degrees, 0.0))
+                continue
+            step, memory = self.floors(ranges)
+            if memory <= self.usable or not prune:
+                out.append(Branch(self, degrees, step))
+        return out
+
+    def _single(self, family: str) -> tuple[int, ...]:
+        key = "dp" if family == "edp" else family
+        return self.space.degrees[key]
+
+    def refine(self, branch: Branch, cutoff: float) -> None:
+        """Bound the branch's (recompute, ZeRO) plans one by one; keep those that fit and could beat ``cutoff``."""
+        base = self.ranges(branch.degrees)
+        kept = {}
+        for rc, zero in itertools.product(base.values["recompute"], base.values["zero"]):
+            step, memory = self.floors(self.ranges(branch.degrees, {"recompute": rc, "zero": zero}))
+            if memory <= self.usable and step < cutoff * (1 + SLACK):
+                kept[(rc, zero)] = step
+        branch.plans = kept
+        branch.floor = min(kept.values(), default=math.inf)
+
+    def points(self, branch: Branch, most: float | None = None):
+        """Every point of the branch's plans (placement x plan x micro-batch size x interleave x
+        HSDP), scored in NumPy chunks: None past ``most`` points or MAX_PLACEMENTS placements,
+        else (the decisions' value lists, a generator of chunks). A chunk is (each point's
+        position in those lists, step time lo and hi, memory, whether it keeps the rules)."""
+        most = MAX_POINTS if most is None else most
+        base = self.ranges(branch.degrees)
+        plans = list(branch.plans)
+        sizes, interleaves, hsdps = base.values["micro_batch"], base.values["interleave"], base.values["hsdp"]
+        per_placement = len(plans) * len(sizes) * len(interleaves) * len(hsdps)
+        cap = min(MAX_PLACEMENTS, most // per_placement) if most < math.inf else math.inf
+        placements = list(itertools.islice(self.placements(branch.degrees), None if cap == math.inf else cap + 1))
+        if len(placements) > cap:
+            return None
+        values = (placements, plans, sizes, interleaves, hsdps)
+        return values, self._chunks(branch, base, values, per_placement)
+
+    def _chunks(self, branch: Branch, base: Ranges, values: tuple, per_placement: int):
+        placements, plans, sizes, interleaves, hsdps = values
+        lists = {"recompute": tuple(dict.fromkeys(rc for rc, _ in plans)),
+                 "zero": tuple(dict.fromkeys(z for _, z in plans)), "micro_batch": sizes,
+                 "micro_batches": base.values["micro_batches"], "interleave": interleaves, "hsdp": hsdps}
+        ranged = {k: base.values[k] for k in ("tp", "cp", "ep", "pp", "edp", "dp")}
+        tags = {k: (k, v) for k, v in {**lists, **ranged}.items()}
+        row_index = {}
+        for key in placements[0] if placements else ():
+            # the spans of every row of the family's degree, the same list in every branch, so
+            # the factors' tables carry over from branch to branch
+            degree = math.prod(placements[0][key])
+            lists[key], tags[key] = self._spans_of(degree), (key, degree)
+            position = self._positions(degree)
+            row_index[key] = np.array([position[p[key]] for p in placements])
+        plan_rc = np.array([lists["recompute"].index(rc) for rc, _ in plans])
+        plan_zero = np.array([lists["zero"].index(z) for _, z in plans])
+        # HSDP's rules (cpsat.LayoutModel._hsdp): ZeRO sharding, replicas across the scale-out axis,
+        # shards across more than one rank inside the domain
+        sharded = np.array([z != 0 for _, z in plans])
+        replicable = np.array([p["span.edp"][-1] > 1 and math.prod(p["span.edp"][:-1]) > 1 for p in placements])
+        counts, pp = np.array(base.values["micro_batches"]), branch.degrees["pp"]
+        steps = [self.steps[name] for name in TERMS if name != "tp_raw"]
+        memories = list(self.memories.values())
+        chunk = max(1, CHUNK_POINTS // per_placement)
+        for start in range(0, len(placements), chunk):
+            n = min(chunk, len(placements) - start)
+            grid = np.indices((n, len(plans), len(sizes), len(interleaves), len(hsdps))).reshape(5, -1)
+            index = {key: rows[start:start + n][grid[0]] for key, rows in row_index.items()}
+            index.update(recompute=plan_rc[grid[1]], zero=plan_zero[grid[1]], micro_batch=grid[2],
+                         micro_batches=grid[2], interleave=grid[3], hsdp=grid[4])
+            values = self.points_bounder.intervals(steps + memories, lists, ranged, index, tags)
+            step = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[:len(steps)])
+            high = sum(np.broadcast_to(hi, grid[0].shape) for _, hi in values[:len(steps)])
+            memory = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[len(steps):])
+            # interleaved 1F1B runs the micro-batches in groups of pp
+            rules = (np.array(interleaves)[grid[3]] == 1) | (counts[grid[2]] % pp == 0)
+            rules &= ~np.array(hsdps)[grid[4]] | (sharded[grid[1]] & replicable[start + grid[0]])
+            grid[0] += start
+            yield grid, step, high, memory, rules
+
+    def place(self, branch: Branch, cutoff: float, most: float | None = None) -> int:
+        """Score the branch at every point (``points``): ``branch.best`` becomes its best layout
+        that fits, if it could beat ``cutoff``. Were a point's interval not one number, its plans
+        and placements are kept with their floors for CP-SAT instead. Skipped (the branch goes to
+        CP-SAT whole) past ``most`` points (default MAX_POINTS). Returns the points scored that keep the rules
+        (memory aside)."""
+        branch.placed = True
+        scored = self.points(branch, most) if branch.plans else None
+        if scored is None:
+            return 0
+        (placements, plans, sizes, interleaves, hsdps), chunks = scored
+        best_plan = np.full(len(plans), np.inf)         # per plan, its least point
+        by_placement = np.full(len(placements), np.inf)  # per placement, its least point
+        least, at, exact, counted = math.inf, None, True, 0
+        for grid, step, high, memory, rules in chunks:
+            counted += int(rules.sum())
+            ok = rules & (memory <= self.usable)
+            exact = exact and bool(np.all((high - step)[ok] <= EXACT * high[ok]))
+            np.minimum.at(best_plan, grid[1][ok], step[ok])
+            np.minimum.at(by_placement, grid[0][ok], step[ok])
+            if ok.any():
+                k = int(np.flatnonzero(ok)[np.argmin(step[ok])])
+                if step[k] < least:
+                    least, at = float(step[k]), tuple(int(g[k]) for g in grid)
+        limit = cutoff * (1 + SLACK)
+        branch.plans = {plan: float(b) for plan, b in zip(plans, best_plan) if b < limit}
+        branch.floor = max(branch.floor, min(branch.plans.values(), default=math.inf))
+        branch.placements = [] if exact else sorted(
+            ((float(f), rows) for f, rows in zip(by_placement, placements) if f < limit), key=lambda t: t[0])
+        if exact and least < limit:
+            i, plan, size, inter, on = at
+            branch.best = self.layout(branch.degrees, placements[i], plans[plan], sizes[size], interleaves[inter],
+                                      hsdps[on])
+        return counted
+
+    def robust(self, branch: Branch, cap: float) -> tuple | None | bool:
+        """The branch's point that fits within step time ``cap`` and leans least on slow links for
+        TP, then needs the least memory (MiB), then is fastest (cpsat.LayoutModel.prefer_robust's
+        order, ties broken by step time): (lean, MiB, step, layout); None if no point qualifies;
+        False if the branch has too many points to score or a point is not one number."""
+        scored = self.points(branch) if branch.plans else None
+        if scored is None:
+            return False if branch.plans else None
+        (placements, plans, sizes, interleaves, hsdps), chunks = scored
+        # TP's lean on slow links: each prime factor of its degree counted by its axis's position
+        lean = np.array([sum(j * sum(prime_exponents(f).values()) for j, f in enumerate(p["span.tp"]))
+                         for p in placements])
+        found = None
+        for grid, step, high, memory, rules in chunks:
+            ok = rules & (memory <= self.usable) & (step <= cap)
+            if not np.all((high - step)[ok] <= EXACT * high[ok]):
+                return False
+            if ok.any():
+                key = np.lexsort((step[ok], np.floor(memory[ok] / 2**20), lean[grid[0][ok]]))[0]
+                k = int(np.flatnonzero(ok)[key])
+                mine = (int(lean[grid[0][k]]), int(memory[k] // 2**20), float(step[k]), tuple(int(g[k]) for g in grid))
+                found = mine if found is None or mine[:3] < found[:3] else found
+        if found is None:
+            return None
+        i, plan, size, inter, on = found[3]
+        return (*found[:3], self.layout(branch.degrees, placements[i], plans[plan], sizes[size], interleaves[inter],
+                                        hsdps[on]))
+
+    def layout(self, degrees: dict[str, int], rows: dict, plan: tuple[str, int], micro_batch: int, interleave: int,
+               hsdp: bool) -> Layout:
+        """The layout of one point (as cpsat.LayoutModel.layout reads one from a solution)."""
+        order = [rows[f"span.{d}"] for d in FAMILIES]
+        edp = rows["span.edp"]
+        return Layout(tp=degrees["tp"], pp=degrees["pp"], dp=degrees["edp"] * degrees["ep"], ep=degrees["ep"],
+                      cp=degrees["cp"], axes=self.space.axes, placement=tuple(order), zero=plan[1],
+                      recompute=plan[0], micro_batch=micro_batch, interleave=interleave, lnc=self.space.lnc,
+                      dp_replicate=edp[-1] if hsdp else 1)
+
+
+def interchangeable(axes) -> list[int]:
+    """Each j whose axes j and j + 1 are identical (kind, size, bandwidth, latency)."""
+    return [j for j in range(len(axes) - 1) if (axes[j].kind, axes[j].size, axes[j].bandwidth, axes[j].latency)
+            == (axes[j + 1].kind, axes[j + 1].size, axes[j + 1].bandwidth, axes[j + 1].latency)]
+
+
+def axis_key(active: list[str], axis_divisors: list, j: int, factor_index) -> int:
+    """The ``active`` families' factors on axis j as one mixed-radix number, the first family most
+    significant; ``factor_index(family, j)`` is a factor's position in the axis's divisors."""
+    base = len(axis_divisors[j])
+    return sum(base ** (len(active) - 1 - i) * factor_index(d, j) for i, d in enumerate(active))
+
+
+def canonical(axes, active: list[str], axis_divisors: list, rows: dict[str, tuple[int, ...]]) -> bool:
+    """Whether a placement (family -> row) keeps the symmetry rule of LayoutModel._constraints:
+    of identical axes, the earlier holds the larger factors (mirrors of a placement are left out)."""
+    def index(d, j):
+        return axis_divisors[j].index(rows[d][j])
+    return all(axis_key(active, axis_divisors, j, index) >= axis_key(active, axis_divisors, j + 1, index)
+               for j in interchangeable(axes))
+
+
+@functools.lru_cache(maxsize=65536)
+def _rows_within(left: tuple[int, ...], degree: int) -> tuple[tuple[int, ...], ...]:
+    """Every row (a factor per axis) dividing ``left`` axis by axis whose product is ``degree``."""
+    rest = [math.prod(left[j:]) for j in range(len(left) + 1)]
+    out = []
+
+    def grow(j: int, need: int, row: tuple):
+        if j == len(left):
+            out.append(row)
+            return
+        for factor in divisors(math.gcd(left[j], need)):
+            if rest[j + 1] % (need // factor) == 0:
+                grow(j + 1, need // factor, row + (factor,))
+
+    grow(0, degree, ())
+    return tuple(out)
+
+
