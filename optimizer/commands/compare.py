@@ -39,7 +39,7 @@ from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError,
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
-from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory
+from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory_found
 from trnopt.optimizer.search.driver import SearchResult, solve
 from trnopt.optimizer.search.cpsat import SolverMismatch
 from trnopt.optimizer.cost.problem import Problem
@@ -120,7 +120,7 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
                 rows.append(row)
                 continue
             if found is None:
-                need = least_memory(replace(problem, domains=tiled), workers, seed)
+                need = least_memory_found(replace(problem, domains=tiled), workers, seed)
                 row.status, row.reason = "infeasible", fits_on_no_count(workload, target, headroom, MAX_DOMAINS,
                                                                         tiled, need)
                 rows.append(row)
