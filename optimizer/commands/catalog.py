@@ -16,7 +16,7 @@ from typing import Any
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.target import BUILTIN_TARGETS, GB, GIB, Target, load_target
-from trnopt.optimizer.model.workload import PRESETS, Model, load_model
+from trnopt.optimizer.model.workload import PRESETS, Model, load_model, model_fields
 
 
 def _num(x: float) -> str:
@@ -189,12 +189,34 @@ def model_details(model: Model | str) -> str:
 
 
 def model_dict(model: Model | str) -> dict[str, Any]:
-    """The model as a JSON-ready dict: the dataclass fields plus derived parameter counts."""
+    """The model as a JSON-ready dict: the keys of a model file (``--model`` loads it back) plus the
+    parameter counts derived from them (checked, not read, when it is loaded back)."""
     m = _model(model)
-    out = asdict(m)
+    out: dict[str, Any] = {"moe": None, "mla": None, **model_fields(m)}
     out.update(total_params=m.total_params(), active_params=m.active_params(),
                params_by_part=m.param_breakdown(), active_params_by_part=m.param_breakdown(active=True))
     return out
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string (the same escapes)
+    return repr(value)  # int, or float written so that it reads back exactly
+
+
+def model_toml(model: Model | str) -> str:
+    """The model as a model file (TOML) that ``--model FILE`` loads back as the same model."""
+    m = _model(model)
+    lines = [f"# trnopt model: {m.name} ({m.total_params() / 1e9:.2f} B parameters); load with --model FILE"]
+    tables = []
+    for key, value in model_fields(m).items():
+        if isinstance(value, dict):
+            tables += ["", f"[{key}]", *(f"{k} = {_toml_value(v)}" for k, v in value.items())]
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines + tables) + "\n"
 
 
 # -- command ----------------------------------------------------------------------------------
@@ -210,6 +232,9 @@ def register(sub) -> None:
         p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
         p.add_argument("name", nargs="?")
         p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text")
+        if command == "models":
+            p.add_argument("--toml", dest="as_toml", action="store_true",
+                           help="with show: the model as a model file that --model FILE loads back")
         p.set_defaults(run=run)
 
 
@@ -220,7 +245,12 @@ def run(args) -> int:
         if not args.name:
             raise InputError(f"trnopt {args.command} show", "NAME", f"name one (trnopt {args.command} lists them)")
         item = load(args.name)
-        print(json.dumps(as_dict(item), indent=2) if args.as_json else details(item))
+        if getattr(args, "as_toml", False):
+            if args.as_json:
+                raise InputError(f"trnopt {args.command} show", "--toml", "give --toml or --json, not both")
+            print(model_toml(item), end="")
+        else:
+            print(json.dumps(as_dict(item), indent=2) if args.as_json else details(item))
     else:
         print(listing())
     return 0

@@ -7,9 +7,13 @@ the published total so that tests can hold the derivation to it (within 1%).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds as B
+from trnopt.optimizer.model import hfconfig
+from trnopt.optimizer.model.inputfile import parse_json, read_text
 from trnopt.optimizer.model.tomlcheck import Table, read_named
 
 PRESETS = ("llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mixtral-8x7b", "mixtral-8x22b",
@@ -220,8 +224,61 @@ class Workload:
 
 
 def load_model(name_or_path: str) -> Model:
-    """A shipped preset by name, or a user's TOML file by path."""
+    """A shipped preset by name, a user's TOML file, a Hugging Face config.json (or the checkpoint
+    folder holding it), or the JSON ``trnopt models show NAME --json`` writes."""
+    path = name_or_path
+    if isinstance(path, str) and path not in PRESETS and Path(path).is_dir() and (Path(path) / "config.json").exists():
+        path = str(Path(path) / "config.json")
+    if isinstance(path, str) and path not in PRESETS and Path(path).suffix == ".json":
+        data = parse_json(path, read_text(path, "--model", kind="JSON file"))
+        if hfconfig.is_hf_config(data):
+            try:
+                return parse_model(hfconfig.model_fields(data, path), path)
+            except InputError as exc:  # a rule of trnopt's model, named by the HF key it came from
+                if exc.source != path or exc.key == "-" or exc.key in data:
+                    raise
+                raise InputError(path, hfconfig.hf_key(exc.key, data), exc.rule) from None
+        return parse_model(_without_derived(data, path), path)
     return parse_model(*read_named(name_or_path, PRESETS, "models", "--model", "model preset", "presets are"))
+
+
+DERIVED = ("total_params", "active_params", "params_by_part", "active_params_by_part")
+"""Keys ``models show --json`` adds to the model's fields: counted from them, so checked on load."""
+
+
+def _without_derived(data: Any, path: str) -> Any:
+    """A model JSON without its derived counts (each must equal the count of the fields) and
+    without null ``moe`` / ``mla`` (JSON's way of saying the model has none)."""
+    if not isinstance(data, dict):
+        return data
+    fields = {k: v for k, v in data.items() if k not in DERIVED and not (k in ("moe", "mla") and v is None)}
+    model = parse_model(fields, path)
+    counted = {"total_params": model.total_params(), "active_params": model.active_params(),
+               "params_by_part": model.param_breakdown(), "active_params_by_part": model.param_breakdown(active=True)}
+    for key in DERIVED:
+        if key in data and data[key] != counted[key]:
+            raise InputError(path, key, f"{data[key]!r} is not what the fields give ({counted[key]!r}); "
+                             "remove it or fix the fields"[:300])
+    return fields
+
+
+def model_fields(model: Model) -> dict[str, Any]:
+    """The model as the keys of a model file (what ``parse_model`` reads back into an equal Model)."""
+    m = model
+    out: dict[str, Any] = {
+        "name": m.name, "source": m.source, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
+        "kv_heads": m.kv_heads, "head_dim": m.head_dim, "ffn": m.ffn, "vocab": m.vocab, "gated_mlp": m.gated_mlp,
+        "tied_embeddings": m.tied_embeddings, "learned_positions": m.learned_positions,
+        "published_params_b": m.published_params / 1e9, "published_active_params_b": m.published_active_params / 1e9,
+    }
+    if m.moe is not None:
+        out["moe"] = {"experts": m.moe.experts, "top_k": m.moe.top_k, "expert_ffn": m.moe.expert_ffn,
+                      "shared_experts": m.moe.shared_experts, "dense_layers": m.moe.dense_layers}
+    if m.mla is not None:
+        out["mla"] = {"q_lora_rank": m.mla.q_lora_rank, "kv_lora_rank": m.mla.kv_lora_rank,
+                      "qk_nope_head_dim": m.mla.qk_nope_head_dim, "qk_rope_head_dim": m.mla.qk_rope_head_dim,
+                      "v_head_dim": m.mla.v_head_dim}
+    return out
 
 
 def parse_model(data: dict, source: str) -> Model:
