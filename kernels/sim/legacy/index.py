@@ -176,15 +176,17 @@ def view(base: NkiTensor, key: tuple, box: tuple[slice, ...] | None = None) -> N
     if box is not None:
         arrs = [a[box] for a in arrs]
         shape = arrs[0].shape if arrs else shape
-    sl, order, used = [], [], set()
+    fits = []
     for d, a in enumerate(arrs):
         fit = _affine(a, shape)
         if fit is None:
             raise NotImplementedError(f"{here()}: index on dim {d} of {base.shape} is not affine in the grid")
-        b, coef = fit
+        fits.append(fit)
+    sl, order, used = [], [], set()
+    for d, (a, (b, coef)) in enumerate(zip(arrs, fits)):
         axes = [j for j, c in enumerate(coef) if c != 0]
         if len(axes) > 1 or any(coef[j] < 0 for j in axes) or (axes and axes[0] in used):
-            raise NotImplementedError(f"{here()}: index on dim {d} of {base.shape} mixes grid axes {axes}")
+            return _pattern_view(base, arrs, fits, shape)
         lo = int(a.min()) if a.size else 0
         hi = int(a.max()) if a.size else 0
         if lo < 0 or hi >= base.shape[d]:
@@ -203,6 +205,23 @@ def view(base: NkiTensor, key: tuple, box: tuple[slice, ...] | None = None) -> N
     return _arrange(v, order, shape)
 
 
+def _pattern_view(base: NkiTensor, arrs: list, fits: list, shape: tuple[int, ...]) -> NkiTensor:
+    """A grid axis driving several dims, or a dim driven by several grid axes (pooling windows,
+    ``nl.mgrid`` splits of one dim): the access pattern over the storage, one (stride, count)
+    per grid axis, as the hardware's access patterns are ("NKI Programming Model", Tensor Indexing)."""
+    for d, a in enumerate(arrs):
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= base.shape[d]):
+            raise ConstraintError(f"{here()}: index [{int(a.min())}, {int(a.max())}] out of bounds for dim {d} of "
+                                  f"size {base.shape[d]} of tensor {base.alloc.label()} shape {base.shape}")
+    strides = [s for s, _ in base.pattern]
+    offset = base.offset + sum(b * st for (b, _), st in zip(fits, strides))
+    pattern = tuple((sum(c[j] * st for (_, c), st in zip(fits, strides)), n) for j, n in enumerate(shape))
+    v = NkiTensor(base.alloc, offset, pattern)
+    v._dtype = base._dtype
+    v._box = tuple((0, n) for n in base.alloc.shape)  # dependency tracking: the whole tensor
+    return v
+
+
 def _const(k: Any, base: NkiTensor) -> Idx:
     if isinstance(k, slice):
         raise NotImplementedError(f"{here()}: a slice beside index expressions on {base.shape} is not simulated")
@@ -214,13 +233,16 @@ def _keeps_dim(d: int, shape: tuple[int, ...], used: set, arrs: list) -> bool:
 
 
 def _arrange(v: NkiTensor, order: list, shape: tuple[int, ...]) -> NkiTensor:
-    """Put the view's dims (one per grid axis they follow) in grid order, with size-1 grid axes."""
+    """Put the view's dims (one per grid axis they follow) in grid order, with size-1 dims for
+    the grid axes no tensor dim follows."""
     kept = [o for o in order if o is not None]
-    if kept != sorted(kept):
-        v = v.permute(tuple(sorted(range(len(kept)), key=lambda i: kept[i])))
-    if tuple(v.shape) != tuple(shape):
-        v = v.reshape(shape)
-    return v
+    if kept == list(range(len(shape))):
+        return v
+    pattern = tuple(v.pattern[kept.index(j)] if j in kept else (1, 1) for j in range(len(shape)))
+    dims = tuple(v._dims[kept.index(j)] if j in kept else (-1, 0, 1) for j in range(len(shape)))
+    out = v._same_lanes(NkiTensor(v.alloc, v.offset, pattern, dims, v._fixed))
+    out._box = v._box if v._box is not None else tuple((0, n) for n in v.alloc.shape)
+    return out
 
 
 def bounds_ok(base: NkiTensor, key: tuple) -> str | None:

@@ -13,6 +13,7 @@ same timing). Every one takes ``mask=`` (the box of its operands it runs on) and
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any
 
@@ -46,7 +47,7 @@ def _run(name: str, shape: tuple, dtype: Any, buffer: MemoryRegion, call: Any, m
         call(out, **{k: resolve(v, f"nisa.{name}") for k, v in operands.items()})
         return out
     box = _ix.mask_box(mask, out.shape, w)
-    if all(b.stop > b.start for b in box):
+    if builtins.all(b.stop > b.start for b in box):
         call(out[box], **{k: resolve(v, f"nisa.{name}", box, out.shape) for k, v in operands.items()})
     return out
 

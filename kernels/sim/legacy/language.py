@@ -11,6 +11,7 @@ applied around them: the masked box of the index space is what the instruction r
 
 from __future__ import annotations
 
+import builtins
 import functools
 from typing import Any
 
@@ -51,12 +52,48 @@ def _shape_of(xs: tuple) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
 
 
+def expand(t: NkiTensor, ndim: int) -> NkiTensor:
+    """``t`` with size-1 dims appended up to ``ndim``: pre-0.6 tiles broadcast with the
+    partition dim aligned ("NKI Programming Model", Broadcasting: a [128] reduction result
+    is a [128, 1] tile), where NumPy would align the last dims."""
+    k = ndim - t.ndim
+    v = NkiTensor(t.alloc, t.offset, t.pattern + ((1, 1),) * k, t._dims + ((-1, 0, 1),) * k, t._fixed)
+    v = t._same_lanes(v)
+    v._box = t._box if t._box is not None else tuple((0, n) for n in t.alloc.shape)
+    return v
+
+
+def _aligned(args: tuple) -> tuple:
+    tiles = [a for a in args if isinstance(a, NkiTensor)]
+    if len(tiles) < 2:
+        return args
+    nd = builtins.max(t.ndim for t in tiles)
+    return tuple(expand(a, nd) if isinstance(a, NkiTensor) and 0 < a.ndim < nd else a for a in args)
+
+
+def _free_axes_last(fn: Any) -> Any:
+    """A reduction over any free axes: the tile is viewed with those axes last (the 0.6+
+    reduction takes the last contiguous ones)."""
+    @functools.wraps(fn)
+    def red(x, axis, *args, **kw):
+        if isinstance(x, NkiTensor):
+            axes = sorted(int(a) % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+            rest = [d for d in range(x.ndim) if d not in axes]
+            if rest + axes != list(range(x.ndim)) and 0 not in axes:
+                keep = kw.get("keepdims", args[1] if len(args) > 1 else False)
+                out = fn(x.permute(tuple(rest + axes)), list(range(len(rest), x.ndim)), *args, **kw)
+                return out if not keep else out.reshape(tuple(1 if d in axes else n for d, n in enumerate(x.shape)))
+        return fn(x, axis, *args, **kw)
+    return red
+
+
 def masked(fn: Any, op: str) -> Any:
     """``fn`` with the pre-0.6 ``mask=``: the result tile is allocated whole and ``fn`` runs on
     the masked box of its operands ("NKI Programming Model", Masking)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, mask: Any = None, **kw: Any) -> Any:
+        args = _aligned(tuple(resolve(a, f"nl.{op}") if mask is None else a for a in args))
         if mask is None:
             return fn(*[resolve(a, f"nl.{op}") for a in args],
                       **{k: resolve(v, f"nl.{op}") for k, v in kw.items()})
@@ -73,20 +110,35 @@ def masked(fn: Any, op: str) -> Any:
     return wrapper
 
 
+class _ParDim(int):
+    """A dim size marked as the partition dim."""
+
+
 def par_dim(n: int) -> int:
-    """``nl.par_dim(n)``: marks the partition dim of a tile shape ("nki.language.par_dim").
-    The simulator keeps the partition dim first, so it is ``n``."""
-    return int(n)
+    """``nl.par_dim(n)``: marks the partition dim of a tile shape ("nki.language.par_dim");
+    dims left of it are block dims (``(4, par_dim(128), 512)``: 4 tiles of [128, 512])."""
+    return _ParDim(int(n))
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
+def _par_first(make: Any, shape: Any, buffer: Any) -> Any:
+    """Allocate with the partition dim first (the engines' layout), viewed in the kernel's order."""
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    j = next((i for i, s in enumerate(shape) if isinstance(s, _ParDim)), 0)
+    if j == 0 or not _buf(buffer).on_chip:
+        return make(_shape(shape))
+    order = (j,) + tuple(i for i in range(len(shape)) if i != j)
+    t = make(tuple(int(shape[i]) for i in order))
+    return t.permute(tuple(order.index(i) for i in range(len(shape))))
+
+
 def ndarray(shape, dtype, buffer=_nl.sbuf, name='', **kwargs):
     """``nl.ndarray(shape, dtype, buffer=...)``: a new tensor ("nki.language.ndarray"); the
     pre-0.6 default buffer is SBUF, ``nl.hbm`` / ``nl.shared_hbm`` for HBM tensors."""
-    return _nl.ndarray(_shape(shape), dtype, _buf(buffer), name)
+    return _par_first(lambda s: _nl.ndarray(s, dtype, _buf(buffer), name), shape, buffer)
 
 
 def _buf(buffer: Any) -> Any:
@@ -94,15 +146,15 @@ def _buf(buffer: Any) -> Any:
 
 
 def zeros(shape, dtype, buffer=_nl.sbuf, name='', **kwargs):
-    return _nl.zeros(_shape(shape), dtype, _buf(buffer), name)
+    return _par_first(lambda s: _nl.zeros(s, dtype, _buf(buffer), name), shape, buffer)
 
 
 def ones(shape, dtype, buffer=_nl.sbuf, name='', **kwargs):
-    return _nl.ones(_shape(shape), dtype, _buf(buffer), name)
+    return _par_first(lambda s: _nl.ones(s, dtype, _buf(buffer), name), shape, buffer)
 
 
 def full(shape, fill_value, dtype, buffer=_nl.sbuf, name='', **kwargs):
-    return _nl.full(_shape(shape), fill_value, dtype, _buf(buffer), name)
+    return _par_first(lambda s: _nl.full(s, fill_value, dtype, _buf(buffer), name), shape, buffer)
 
 
 def rand(shape, dtype=_nl.float32, buffer=_nl.sbuf, name='', **kwargs):
@@ -117,10 +169,22 @@ def load(src, mask=None, dtype=None, **kwargs):
     shape = tuple(src.shape)
     box = _ix.mask_box(mask, shape, here("nl.load"))
     tile = _nl.ndarray(shape, dtype or src.dtype, _nl.sbuf)
-    if all(b.stop > b.start for b in box):
+    _stale(tile)
+    if builtins.all(b.stop > b.start for b in box):
         from .. import isa as _isa
         _isa.dma_copy(tile[box], resolve(src, "nl.load", box, shape))
     return tile
+
+
+def _stale(tile: NkiTensor) -> None:
+    """The elements a masked load leaves alone hold what SBUF held before: unknown data that
+    the kernel may compute on (per partition) and then drop with a masked store. ASSUMPTION:
+    the simulator writes NaN there (no instruction), so that such data reaching an output
+    shows as NaN rather than stopping the kernel at the first read."""
+    from ..state import current
+    ctx = current()
+    if ctx is not None and ctx.numerics and tile.dtype.kind == "f":
+        ctx.write(tile, np.full(tile.shape, np.nan, dtype=np.float32))
 
 
 def store(dst, value, mask=None, **kwargs):
@@ -136,7 +200,7 @@ def store(dst, value, mask=None, **kwargs):
         return _nl.store(d, v)
     shape = tuple(dst.shape)
     box = _ix.mask_box(mask, shape, here("nl.store"))
-    if all(b.stop > b.start for b in box):
+    if builtins.all(b.stop > b.start for b in box):
         _nl.store(resolve(dst, "nl.store", box, shape), resolve(value, "nl.store", box, shape))
 
 
@@ -170,6 +234,8 @@ def setitem(self: NkiTensor, key: Any, value: Any) -> None:
             _nl.store(view, _nl.full(tuple(view.shape), value, view.dtype))
         return
     value = resolve(value, "tile assignment")
+    if 0 < value.ndim < view.ndim:
+        value = expand(value, view.ndim)
     if tuple(value.shape) != tuple(view.shape) and value.size != view.size:
         value = _nl.broadcast_to(value, view.shape)
     elif tuple(value.shape) != tuple(view.shape):
@@ -235,7 +301,9 @@ def _export() -> None:
         if name.startswith("_") or name in g or name in _SKIP:
             continue
         v = getattr(_nl, name)
-        if callable(v) and not isinstance(v, (type, np.dtype)) and getattr(v, "__module__", "").endswith("language"):
+        if name in ("sum", "max", "min", "mean", "prod", "var", "all"):
+            g[name] = masked(_free_axes_last(v), name)
+        elif callable(v) and not isinstance(v, (type, np.dtype)) and getattr(v, "__module__", "").endswith("language"):
             g[name] = masked(v, name)
         elif callable(v) and type(v).__name__ in ("function",):
             g[name] = masked(v, name)
@@ -266,6 +334,7 @@ def install_operators() -> None:
         if dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__"):
             setattr(NkiTensor, dunder.replace("__", "__r", 1), _tile_op(fn, rev=True))
     NkiTensor.__neg__ = lambda self: globals()["negative"](self)
+    NkiTensor.broadcast_to = lambda self, shape: _nl.broadcast_to(self, shape)
     if "__setitem__" not in NkiTensor.__dict__ or not getattr(NkiTensor.__setitem__, "_legacy", False):
         setitem._legacy = True  # type: ignore[attr-defined]
         setitem._plain = NkiTensor.__dict__.get("__setitem__")  # type: ignore[attr-defined]
@@ -286,7 +355,7 @@ def uninstall_operators() -> None:
     """Undo ``install_operators``."""
     for dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__", "__mod__", "__lt__", "__le__",
                    "__gt__", "__ge__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "__radd__",
-                   "__rsub__", "__rmul__", "__rtruediv__", "__rpow__", "__neg__"):
+                   "__rsub__", "__rmul__", "__rtruediv__", "__rpow__", "__neg__", "broadcast_to"):
         if dunder in NkiTensor.__dict__:
             delattr(NkiTensor, dunder)
     if getattr(NkiTensor.__getitem__, "_legacy", False):
