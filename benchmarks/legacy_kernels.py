@@ -95,8 +95,9 @@ def _pool(x, p, fn):
 
 
 def _sd_attn(q, k, v):
-    """fused_self_attn_for_SD_small_head_size: q, k, v [seqlen, d_head]; softmax(q k^T) v."""
-    return _softmax_rows(q.astype(np.float64) @ k.astype(np.float64).T) @ v.astype(np.float64)
+    """fused_self_attn_for_SD_small_head_size: q, k, v [seqlen, d_head]; softmax(0.125 q k^T) v
+    (the kernel's softmax scale is 0.125, 1 / sqrt(64))."""
+    return _softmax_rows(0.125 * q.astype(np.float64) @ k.astype(np.float64).T) @ v.astype(np.float64)
 
 
 def _cases() -> list[Case]:

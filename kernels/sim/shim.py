@@ -58,13 +58,13 @@ _saved_legacy: dict[str, Any] | None = None
 
 def _legacy_mapping() -> dict[str, ModuleType]:
     from . import legacy
-    from .legacy import isa, language, nki, typing
+    from .legacy import compiler, isa, language, nki, typing
 
     nki.typing = typing
     legacy.nki = nki
     return {"neuronxcc": legacy, "neuronxcc.nki": nki, "neuronxcc.nki.language": language,
             "neuronxcc.nki.isa": isa, "neuronxcc.nki.isa.constants": isa.constants,
-            "neuronxcc.nki.typing": typing}
+            "neuronxcc.nki.typing": typing, "neuronxcc.nki.compiler": compiler}
 
 
 def install_legacy(force: bool = False) -> ModuleType:

@@ -36,6 +36,9 @@ _NP_OPS = {np.add: _nl.add, np.subtract: _nl.subtract, np.multiply: _nl.multiply
 
 
 def _op(o: Any) -> Any:
+    """A NumPy ufunc or a (mask-taking) legacy nl function as the simulator's nl function."""
+    import inspect
+    o = inspect.unwrap(o) if callable(o) and hasattr(o, "__wrapped__") else o
     return _NP_OPS.get(o, o)
 
 
@@ -46,9 +49,12 @@ def _run(name: str, shape: tuple, dtype: Any, buffer: MemoryRegion, call: Any, m
     if mask is None:
         call(out, **{k: resolve(v, f"nisa.{name}") for k, v in operands.items()})
         return out
-    box = _ix.mask_box(mask, out.shape, w)
+    first = next((v for v in operands.values() if isinstance(v, (NkiTensor, _ix.OutOfBounds))), out)
+    space = tuple(first.shape)  # the mask ranges over the operands' index space
+    box = _ix.mask_box(mask, space, w)
     if builtins.all(b.stop > b.start for b in box):
-        call(out[box], **{k: resolve(v, f"nisa.{name}", box, out.shape) for k, v in operands.items()})
+        obox = tuple(box[d] if d < len(space) and n == space[d] else slice(0, n) for d, n in enumerate(out.shape))
+        call(out[obox], **{k: resolve(v, f"nisa.{name}", box, space) for k, v in operands.items()})
     return out
 
 

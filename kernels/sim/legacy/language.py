@@ -142,7 +142,9 @@ def ndarray(shape, dtype, buffer=_nl.sbuf, name='', **kwargs):
 
 
 def _buf(buffer: Any) -> Any:
-    return _nl.sbuf if buffer is None else buffer
+    if buffer is None:
+        return _nl.sbuf
+    return getattr(buffer, "buffer", buffer)  # a direct allocation (nki.compiler) names its buffer
 
 
 def zeros(shape, dtype, buffer=_nl.sbuf, name='', **kwargs):
@@ -174,6 +176,15 @@ def load(src, mask=None, dtype=None, **kwargs):
         from .. import isa as _isa
         _isa.dma_copy(tile[box], resolve(src, "nl.load", box, shape))
     return tile
+
+
+def broadcast_to(x, shape, dtype=None, **kwargs):
+    """``x`` broadcast to ``shape``; a tile of lower rank first gets trailing size-1 dims
+    (partition-aligned, as pre-0.6 tiles broadcast)."""
+    x = resolve(x, "nl.broadcast_to")
+    if isinstance(x, NkiTensor) and 0 < x.ndim < len(shape):
+        x = expand(x, len(shape))
+    return _nl.broadcast_to(x, tuple(int(s) for s in shape), dtype)
 
 
 def _stale(tile: NkiTensor) -> None:
@@ -334,7 +345,7 @@ def install_operators() -> None:
         if dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__"):
             setattr(NkiTensor, dunder.replace("__", "__r", 1), _tile_op(fn, rev=True))
     NkiTensor.__neg__ = lambda self: globals()["negative"](self)
-    NkiTensor.broadcast_to = lambda self, shape: _nl.broadcast_to(self, shape)
+    NkiTensor.broadcast_to = lambda self, shape: globals()["broadcast_to"](self, shape)
     if "__setitem__" not in NkiTensor.__dict__ or not getattr(NkiTensor.__setitem__, "_legacy", False):
         setitem._legacy = True  # type: ignore[attr-defined]
         setitem._plain = NkiTensor.__dict__.get("__setitem__")  # type: ignore[attr-defined]

@@ -15,7 +15,9 @@ from .. import nki_typing as typing  # noqa: F401
 from ..runner import Kernel
 from ..runner import jit as _jit
 from ..runner import simulate_kernel as _simulate
-from . import isa, language  # noqa: F401
+from . import compiler, isa, language  # noqa: F401
+
+__path__: list[str] = []  # a package: neuronxcc.nki.language, .isa, .compiler import as submodules
 
 
 def jit(fn=None, mode=None, **kwargs):
