@@ -148,7 +148,7 @@ def _key_shape(key: tuple) -> tuple[int, ...]:
 
 def has_index(key: Any) -> bool:
     key = key if isinstance(key, tuple) else (key,)
-    return any(isinstance(k, Idx) for k in key)
+    return any(isinstance(k, Idx) for k in key) or bool(key and isinstance(key[0], NkiTensor))
 
 
 def _affine(arr: np.ndarray, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
@@ -259,9 +259,32 @@ def bounds_ok(base: NkiTensor, key: tuple) -> str | None:
     return None
 
 
+def _indirect(base: NkiTensor, key: tuple) -> NkiTensor:
+    """``t[idx_tile[i_p, 0], i_f]``: rows picked by the values of an SBUF index tile (a DMA
+    gather or scatter; "nki.language.load" / "store", indirect indexing), as the 0.6+ engines'
+    ``ap(vector_offset=...)`` view."""
+    idx = key[0]
+    rest = tuple(k if isinstance(k, Idx) else Idx(int(k)) for k in key[1:])
+    parts = idx.shape[0]
+    shape = tuple(np.broadcast_shapes(*[k.v.shape for k in rest])) if rest else ()
+    free = shape[1:] if len(shape) > 1 else shape
+    strides = [st for st, _ in base.pattern]
+    offset, pattern = 0, [(strides[0], parts)]
+    fits = [_affine(np.broadcast_to(k.v, shape).reshape((1,) + free if len(shape) < 2 else shape)[0:1], (1,) + free)
+            for k in rest]
+    if any(f is None for f in fits):
+        raise NotImplementedError(f"{here()}: an indirect index beside non-affine indices is not simulated")
+    offset = sum(b * st for (b, _), st in zip(fits, strides[1:]))
+    for j, n in enumerate(free, start=1):
+        pattern.append((sum(c[j] * st for (_, c), st in zip(fits, strides[1:])), n))
+    return base.ap(pattern, offset=offset, vector_offset=idx, indirect_dim=0)
+
+
 def getitem(base: NkiTensor, key: Any) -> Any:
     """``base[key]`` with index expressions: an IndexedView, or an OutOfBounds placeholder."""
     key = key if isinstance(key, tuple) else (key,)
+    if key and isinstance(key[0], NkiTensor):
+        return _indirect(base, key + tuple(Idx(np.arange(n).reshape(1, n)) for n in base.shape[len(key):]))
     if len(key) < base.ndim:
         key = key + tuple(Idx(np.arange(n).reshape((1,) * (len(_key_shape(key)) + i) + (n,)))
                           for i, n in enumerate(base.shape[len(key):]))

@@ -215,7 +215,11 @@ def dma_copy(dst, src, mask=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.e
         box = _ix.mask_box(mask, tuple(dst.shape), here("nisa.dma_copy"))
         return _isa.dma_copy(resolve(dst, "nisa.dma_copy", box, dst.shape), resolve(src, "nisa.dma_copy", box,
                                                                                      src.shape))
-    return _isa.dma_copy(resolve(dst, "nisa.dma_copy"), resolve(src, "nisa.dma_copy"), dge_mode=dge_mode)
+    dst, src = resolve(dst, "nisa.dma_copy"), resolve(src, "nisa.dma_copy")
+    rmw = kwargs.get("dst_rmw_op")
+    if rmw is not None:  # dst = rmw(dst, src) in the DMA engine: the 0.6+ dma_compute (add only)
+        return _isa.dma_compute(dst, [dst, src], _op(rmw))
+    return _isa.dma_copy(dst, src, dge_mode=dge_mode, oob_mode=oob_mode)
 
 
 def dma_transpose(src, axes=None, mask=None, dtype=None, dge_mode=dge_mode.unknown, **kwargs):
