@@ -260,7 +260,8 @@ TORCHTITAN = FrameworkProfile(
     rank_order=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
     formats=("torchtitan", "env"),
     expert_and_context=False,
-    rules=Rules(kv_replication=False, seq_split=2, even_expert_shards=True, stage_weights=(1, 1)),
+    rules=Rules(kv_replication=False, seq_split=2, even_expert_shards=True, expert_with_context=False,
+                stage_weights=(1, 1)),
     sources=TORCHTITAN_SOURCES,
 )
 

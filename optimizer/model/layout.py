@@ -44,6 +44,11 @@ class Rules:
     parallelism cuts it by tp, load-balanced context parallelism into 2 x cp chunks), 1: cp | seq."""
     even_expert_shards: bool = False
     """Expert TP (= TP) cuts the routed and the shared experts' FFN width into equal shards."""
+    expert_with_context: bool = True
+    """Whether EP > 1 may be combined with CP > 1. False under torchtitan, which takes its EP
+    groups from consecutive ranks of the flattened (dp_shard, cp) mesh (ParallelDims' sparse
+    mesh pp, dp_replicate, efsdp, ep, etp), so its EP groups would not be trnopt's (one cp
+    coordinate each)."""
     stage_weights: tuple[int, int] | None = None
     """(first, last): the pipeline split counts the embedding and the output as this many layers and
     makes ``ceil((layers + first + last) / layers_per_stage)`` stages (torchtitan); None: pp x
@@ -246,6 +251,10 @@ class Layout:
             out.append(("ep", f"ep={self.ep} on a dense model"))
         if m.moe is not None and m.moe.experts % self.ep:
             out.append(("ep", f"ep={self.ep} must divide the {m.moe.experts} routed experts"))
+        if self.ep > 1 and self.cp > 1 and not rules.expert_with_context:
+            out.append(("ep", f"ep={self.ep} with cp={self.cp}: the framework's expert groups would take context "
+                        "ranks (torchtitan/distributed/parallel_dims.py, sparse mesh pp, dp_replicate, efsdp, ep, "
+                        "etp)"))
         if split := seq_problem(t.seq, self.tp, self.cp, rules):
             out.append(("cp", split))
         if t.global_batch % (self.dp * self.micro_batch):

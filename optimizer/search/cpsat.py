@@ -202,6 +202,11 @@ class LayoutModel(IntModel):
         batch = md.new_constant(self.problem.workload.training.global_batch)
         b = self.materialise(self.value(self.micro, self.space.micro_batches), "b")
         md.add_multiplication_equality(batch, [self.m.expr, self.dp.expr, b.expr])
+        if "ep" in self.active and "cp" in self.active and not self.problem.rules.expert_with_context:
+            # expert groups must not take context ranks (Rules.expert_with_context)
+            ep_one = self.deg["ep"][list(self.degree_values["ep"]).index(1)] if 1 in self.degree_values["ep"] else None
+            cp_one = self.deg["cp"][list(self.degree_values["cp"]).index(1)] if 1 in self.degree_values["cp"] else None
+            md.add_bool_or([lit for lit in (ep_one, cp_one) if lit is not None])
         if len(self.interleaves) > 1:
             pp = self.materialise(self.degree("pp"), "pp")
             for v, v_lit in zip(self.interleaves, self.inter):

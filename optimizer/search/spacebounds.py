@@ -203,6 +203,8 @@ class SpaceBounds:
             if math.prod(combo) != self.space.ranks:
                 continue
             degrees = dict(zip(FAMILIES, combo))
+            if degrees["ep"] > 1 and degrees["cp"] > 1 and not self.problem.rules.expert_with_context:
+                continue  # the framework's expert groups would take context ranks (Rules.expert_with_context)
             ranges = self.ranges(degrees)
             if ranges.empty:
                 continue

@@ -8,9 +8,18 @@ from trnopt.kernels.sim import apicheck, language, nki_typing
 from trnopt.optimizer.cost.overlap import measured
 
 
-def test_the_shipped_overlap_table_was_written_by_this_simulator_version():
-    # raise kernels/sim/__init__.py's __version__ with the clock, and regenerate the table with it
-    assert measured().simulator_version == sim.__version__
+def test_the_overlap_source_names_the_simulator_version_that_wrote_the_table():
+    """The shipped table names the simulator that wrote it; the report says when that is not this one
+    (a clock change since: benchmarks/overlap_table.py regenerates it)."""
+    from trnopt.optimizer.commands.report import stale_note
+
+    table = measured()
+    assert table.simulator_version and table.simulator_version in table.provenance_text()
+    note = stale_note(table)
+    if table.simulator_version == sim.__version__:
+        assert note == ""
+    else:
+        assert note == f"; this simulator is {sim.__version__}: regenerate the table"
 
 
 def test_names_beyond_the_reference_table():

@@ -78,18 +78,7 @@ CASES = {  # id -> (trnopt command, layout keys changed in its JSON before the e
 
 # Today's exports that torchtitan refuses; each names the cause. Remove a mark once the export
 # (or the framework rules of the search) changes: strict, so a case that starts to pass fails.
-_KV_HEADS = ("TP above the 8 KV heads: torchtitan shards wk/wv column-wise and views them as whole "
-             "heads (models/llama3/model/model.py); the torchtitan profile does not check it yet")
-_EP_CP = ("EP with CP: torchtitan's sparse mesh (pp, dp_replicate, efsdp, ep, etp) takes EP from the "
-          "ranks right outside TP, i.e. CP's, while trnopt's rank order puts EP outside CP")
-_BOOL_FLAGS = ("the overrides write --compile.enable=true; torchtitan's CLI takes booleans as flags "
-               "(--compile.enable / --compile.no-enable)")
-XFAIL = {
-    "mesh": {"mixtral-8x22b-trn3-gen2": _EP_CP},
-    "parallelize": {"llama3-405b-trn2u-x2": _KV_HEADS, "llama3-70b-trn2": _KV_HEADS,
-                    "mixtral-8x22b-trn3-gen2": _EP_CP},
-    "overrides": {case: _BOOL_FLAGS for case in CASES},
-}
+XFAIL: dict[str, dict[str, str]] = {"mesh": {}, "parallelize": {}, "overrides": {}}
 
 
 def _cases(test: str):
