@@ -69,4 +69,4 @@ def test_cost_model_and_domain_import_no_search_and_no_commands(path):
 def test_the_rules_see_imports():
     """The reader finds a known import, so the rules above cannot pass by reading nothing."""
     assert "trnopt.optimizer.cost.factors" in imports(ROOT / "optimizer/cost/steptime.py")
-    assert "trnopt.kernels.command" in imports(ROOT / "optimizer/commands/cli.py")
+    assert "trnopt.kernels.sim.run_ranks" in imports(ROOT / "kernels/command.py")

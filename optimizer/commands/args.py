@@ -111,7 +111,7 @@ def load_runnable_layout(path: str, headroom: float = 0.0) -> tuple[Target, Work
     if not evaluation.fits:
         raise DoesNotFitError(f"{path}: the layout does not fit: {layout.describe()} needs "
                               f"{evaluation.memory.total / GIB:.1f} GiB per chip running {workload.model.name} "
-                              f"on {target.name}, {evaluation.usable_bytes / GIB:.1f} usable "
+                              f"on {target.name}, {evaluation.usable_bytes / GIB:.1f} GiB of HBM usable "
                               "(`trnopt evaluate` scores it); nothing written")
     return target, workload, layout, evaluation
 
