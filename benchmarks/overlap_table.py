@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         "generated": date,
         "provenance": {"commit": git("rev-parse", "HEAD"), "command": command, "date": date,
                        "simulator_commit": sim_commit, "simulator_version": sim.__version__,
-                       "uncommitted": sorted(line[3:] for line in dirty.splitlines()) if dirty else []},
+                       # Each porcelain line is "XY path"; split, not slice, since git() strips the first line's leading blank.
+                       "uncommitted": sorted(line.split(maxsplit=1)[1] for line in dirty.splitlines()) if dirty else []},
         "simulator": {"package": "trnopt.kernels.sim",
                       "mode": "numerics=False (engine timeline only); symmetric runs where exact, else every rank"},
         "environment": f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cpus",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.output import check_output, write_stream
@@ -29,6 +30,13 @@ MAX_WORKERS = 64             # CP-SAT workers: far more than the cores of any ma
 MAX_SEED = 2**31 - 1         # CP-SAT's random_seed is a 32-bit signed integer
 MAX_TIME_LIMIT_S = 7 * 86400.0
 MAX_TOP = 50                 # runner-up layouts shown
+
+
+def ascii_int(text: str) -> int:
+    """argparse type: an integer in ASCII digits (int() also reads other scripts' digits, e.g. Arabic-Indic)."""
+    if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", text):
+        raise argparse.ArgumentTypeError(f"expected an integer in ASCII digits, got {text[:40]!r}")
+    return int(text)
 
 
 def check_int(value, flag: str, lowest: int, highest: int) -> int | None:
@@ -59,8 +67,8 @@ def check_float(value, flag: str, lowest: float, highest: float, open_low: bool 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """--model, --seq, --global-batch, --headroom."""
     p.add_argument("--model", default=defaults.MODEL, help=f"preset name or a .toml file (default {defaults.MODEL})")
-    p.add_argument("--seq", type=int, default=defaults.SEQ, help=f"sequence length (default {defaults.SEQ})")
-    p.add_argument("--global-batch", type=int, default=defaults.GLOBAL_BATCH,
+    p.add_argument("--seq", type=ascii_int, default=defaults.SEQ, help=f"sequence length (default {defaults.SEQ})")
+    p.add_argument("--global-batch", type=ascii_int, default=defaults.GLOBAL_BATCH,
                    help=f"sequences per step (default {defaults.GLOBAL_BATCH})")
     p.add_argument("--headroom", type=float, default=defaults.HEADROOM,
                    help=f"HBM share kept free (default {defaults.HEADROOM:.2f})")
@@ -78,8 +86,8 @@ def add_search_args(p: argparse.ArgumentParser, time_help: str = "seconds for th
                    help=f"{' or '.join(defaults.OBJECTIVES)} (default {defaults.OBJECTIVE})")
     p.add_argument("--time-limit", type=float, default=defaults.TIME_LIMIT_S,
                    help=f"{time_help} (default {defaults.TIME_LIMIT_S:g})")
-    p.add_argument("--workers", type=int, default=defaults.WORKERS, help=f"CP-SAT workers (default {defaults.WORKERS})")
-    p.add_argument("--seed", type=int, default=defaults.SEED, help=f"CP-SAT random seed (default {defaults.SEED})")
+    p.add_argument("--workers", type=ascii_int, default=defaults.WORKERS, help=f"CP-SAT workers (default {defaults.WORKERS})")
+    p.add_argument("--seed", type=ascii_int, default=defaults.SEED, help=f"CP-SAT random seed (default {defaults.SEED})")
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
@@ -87,8 +95,8 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=defaults.TARGET,
                    help=f"built-in target name or a .toml file (default {defaults.TARGET})")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--ultraservers", type=int, help="number of UltraServers (scale-up domains) joined by EFA")
-    size.add_argument("--instances", type=int, help="number of instances (for single-instance targets: trn1, trn2)")
+    size.add_argument("--ultraservers", type=ascii_int, help="number of UltraServers (scale-up domains) joined by EFA")
+    size.add_argument("--instances", type=ascii_int, help="number of instances (for single-instance targets: trn1, trn2)")
     add_workload_args(p)
     add_output_args(p)
 

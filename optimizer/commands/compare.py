@@ -27,12 +27,11 @@ still written, with the other targets' layouts).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass, replace
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.args import (add_output_args, add_search_args, add_workload_args, check_output_args,
+from trnopt.optimizer.commands.args import (ascii_int, add_output_args, add_search_args, add_workload_args, check_output_args,
                                             check_search_args, workload_from_args)
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError, one_line
@@ -227,19 +226,12 @@ def register(sub) -> None:
                                    "compare step time, throughput, memory and reliability.", epilog=EXIT_CODES)
     p.add_argument("--targets", default=defaults.COMPARE_TARGETS,
                    help=f"comma-separated built-in names or .toml files (default {defaults.COMPARE_TARGETS})")
-    p.add_argument("--ultraservers", type=_ascii_int,
+    p.add_argument("--ultraservers", type=ascii_int,
                    help="domains of every target (default: the fewest that fit, per target)")
     add_workload_args(p)
     add_search_args(p, time_help="seconds of search per target")
     add_output_args(p)
     p.set_defaults(run=run)
-
-
-def _ascii_int(text: str) -> int:
-    """An integer in ASCII digits (int() also reads other scripts' digits, e.g. Arabic-Indic)."""
-    if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", text):
-        raise argparse.ArgumentTypeError(f"expected an integer in ASCII digits, got {text[:40]!r}")
-    return int(text)
 
 
 def parse_targets(text: str) -> list[tuple[str, Target]]:

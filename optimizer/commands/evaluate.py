@@ -11,7 +11,7 @@ import math
 import re
 import sys
 
-from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, check_int, check_output_args,
+from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_rank_map_arg, check_int, check_output_args,
                                             check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
                                             workload_from_args, write_rank_map)
 from trnopt.optimizer.commands.output import to_stdout, write_output
@@ -35,17 +35,17 @@ def register(sub) -> None:
                    help="the framework that will run the layout: every rule it puts on a layout must hold, exit 2 "
                         f"naming the rule (default: {DEFAULT_FRAMEWORK}'s rules on heads, KV heads, the sequence "
                         "split, experts and pipeline stages)")
-    p.add_argument("--tp", type=int, help="tensor-parallel degree (ranks); default: from --placement, else 1")
-    p.add_argument("--pp", type=int, help="pipeline-parallel degree; default: from --placement, else 1")
-    p.add_argument("--dp", type=int, help="data-parallel degree (all DP ranks, experts' included); "
+    p.add_argument("--tp", type=ascii_int, help="tensor-parallel degree (ranks); default: from --placement, else 1")
+    p.add_argument("--pp", type=ascii_int, help="pipeline-parallel degree; default: from --placement, else 1")
+    p.add_argument("--dp", type=ascii_int, help="data-parallel degree (all DP ranks, experts' included); "
                    "default: from --placement, else the rest of the machine")
-    p.add_argument("--ep", type=int, help="expert-parallel degree (carved out of dp); default 1")
-    p.add_argument("--cp", type=int, help="context-parallel degree; default 1")
-    p.add_argument("--zero", type=int, default=1, help="ZeRO stage 0-3 (default 1)")
+    p.add_argument("--ep", type=ascii_int, help="expert-parallel degree (carved out of dp); default 1")
+    p.add_argument("--cp", type=ascii_int, help="context-parallel degree; default 1")
+    p.add_argument("--zero", type=ascii_int, default=1, help="ZeRO stage 0-3 (default 1)")
     p.add_argument("--recompute", default="selective", help=f"{', '.join(RECOMPUTE)} (default selective)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    p.add_argument("--interleave", type=int, default=1, help="interleaved stages per pipeline rank (default 1)")
-    p.add_argument("--lnc", type=int, help="logical NeuronCore config (default: the target's)")
+    p.add_argument("--micro-batch", type=ascii_int, default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--interleave", type=ascii_int, default=1, help="interleaved stages per pipeline rank (default 1)")
+    p.add_argument("--lnc", type=ascii_int, help="logical NeuronCore config (default: the target's)")
     p.add_argument("--placement", help='each dimension\'s factors on named axes, e.g. "tp=core4,x4,y4;pp=ring4;dp=efa2" '
                    "(default: TP on the fastest axes, then cp, ep, dp, pp)")
     add_rank_map_arg(p)

@@ -19,7 +19,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from trnopt.optimizer.commands.args import check_int, load_runnable_layout
+from trnopt.optimizer.commands.args import ascii_int, check_int, load_runnable_layout
 from trnopt.optimizer.commands.output import check_output
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout
@@ -191,7 +191,7 @@ def register(sub) -> None:
                        description="Draw where every rank of a solved layout runs (text, or PNG with --png).")
     p.add_argument("--layout", required=True, help="the JSON that `trnopt solve --json` writes")
     p.add_argument("--png", metavar="FILE", help="write a PNG picture (needs matplotlib: pip install 'trnopt[plot]')")
-    p.add_argument("--domains", type=int, default=DEFAULT_MAX_DOMAINS,
+    p.add_argument("--domains", type=ascii_int, default=DEFAULT_MAX_DOMAINS,
                    help=f"draw at most this many domains (default {DEFAULT_MAX_DOMAINS}, at most {MAX_DRAWN})")
     p.add_argument("--force", action="store_true", help="allow --png to replace an existing file")
     p.set_defaults(run=run)

@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from trnopt.optimizer import defaults
-from trnopt.optimizer.commands.args import (add_problem_args, add_rank_map_arg, add_search_args, check_output_args,
+from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_rank_map_arg, add_search_args, check_output_args,
                                             check_rank_map_size, check_search_args, domains_from_args,
                                             lnc_from_args, text_to_stdout, workload_from_args, write_rank_map,
                                             zero_stages_from_args)
@@ -32,7 +32,7 @@ def register(sub) -> None:
     p = sub.add_parser("solve", help="find the fastest layout that fits (CP-SAT)")
     add_problem_args(p)
     add_search_args(p)
-    p.add_argument("--lnc", type=int, help="fix the LNC instead of searching every allowed value")
+    p.add_argument("--lnc", type=ascii_int, help="fix the LNC instead of searching every allowed value")
     add_rank_map_arg(p)
     p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default: those the framework runs)")
     p.add_argument("--framework", choices=tuple(PROFILES),
@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--uncertainty", type=float, default=defaults.UNCERTAINTY,
                    help=f"relative step-time uncertainty: among layouts within it of the fastest, prefer TP on "
                         f"faster links and more headroom (default {defaults.UNCERTAINTY:g}; 0 keeps the fastest)")
-    p.add_argument("--top", type=int, default=defaults.TOP,
+    p.add_argument("--top", type=ascii_int, default=defaults.TOP,
                    help=f"runner-up layouts to show (default {defaults.TOP})")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, torchtitan (job config TOML and overrides), nxd (NxD Training "

@@ -129,8 +129,6 @@ class FrameworkProfile:
     """The framework's process mesh, outermost first (documentation and error messages)."""
     formats: tuple[str, ...]
     """``trnopt solve --format`` values that write this framework's files."""
-    expert_and_context: bool = True
-    """Whether trnopt's EP groups (one cp coordinate) can be combined with CP > 1."""
     rules: Rules = Rules()
     """The structural rules its code puts on a layout (``Layout.workload_problems``); the search
     receives them as ``Problem.rules``."""
@@ -209,7 +207,7 @@ class FrameworkProfile:
         Returns the reason (one sentence naming the dimensions and axes involved and an
         instance that would hold a non-consecutive set of ranks), or None.
         """
-        if not self.expert_and_context and layout.ep > 1 and layout.cp > 1:
+        if not self.rules.expert_with_context and layout.ep > 1 and layout.cp > 1:
             return (f"{self.name} builds its expert-parallel groups from consecutive ranks of the flattened "
                     f"(dp_shard, cp) mesh (torchtitan ParallelDims: sparse mesh pp, dp_replicate, efsdp, ep, etp), "
                     f"so EP {layout.ep} with CP {layout.cp} groups other ranks than trnopt's EP groups "
@@ -259,7 +257,6 @@ TORCHTITAN = FrameworkProfile(
     hsdp=True,
     rank_order=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
     formats=("torchtitan", "env"),
-    expert_and_context=False,
     rules=Rules(kv_replication=False, seq_split=2, even_expert_shards=True, expert_with_context=False,
                 stage_weights=(1, 1)),
     sources=TORCHTITAN_SOURCES,

@@ -102,3 +102,19 @@ def test_argparse_errors_are_one_line(capsys):
             main(argv)
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith("trnopt: error: "), err
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "--seed", "\u0661\u0662"],                 # Arabic-Indic 12
+    ["solve", "--workers", "\uff12"],                    # full-width 2
+    ["solve", "--ultraservers", "\u0664"],
+    ["evaluate", "--tp", "\u0668"],
+    ["compare", "--ultraservers", "\u0661"],
+])
+def test_integer_flags_take_ascii_digits_only(argv, capsys):
+    """int() reads other scripts' digits; a flag that took them would echo a number the user never typed."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected an integer in ASCII digits" in err[0] and argv[1] in err[0]
