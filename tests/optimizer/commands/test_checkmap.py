@@ -222,21 +222,26 @@ def test_rows_bytes_and_fields_are_bounded(tmp_path, monkeypatch):
 def test_the_largest_maps_trnopt_writes_are_read(tmp_path):
     """A rank map beyond the old 1,048,576-row bound (2,097,152 ranks: llama3-8b on 32,768 trn2
     instances), as evaluate --rank-map writes it, passes check-map under 1 GiB."""
-    import resource
     import subprocess
     import sys
 
     layout, rank_map = tmp_path / "big.json", tmp_path / "big.csv"
-    trnopt = [sys.executable, "-m", "trnopt.optimizer.commands.cli"]
-    subprocess.run(trnopt + ["evaluate", "--target", "trn2", "--model", "llama3-8b", "--instances", "32768",
-                             "--tp", "8", "--zero", "3", "--global-batch", "262144", "--json", str(layout),
-                             "--rank-map", str(rank_map)], check=True, capture_output=True, timeout=900)
+    # Each command runs under a fresh parent that reports its one child's peak RSS on its last stderr
+    # line: this worker's own RUSAGE_CHILDREN also holds whatever other tests ran before.
+    peak = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(done.returncode)")
+    trnopt = [sys.executable, "-c", peak, sys.executable, "-m", "trnopt.optimizer.commands.cli"]
+    wrote = subprocess.run(trnopt + ["evaluate", "--target", "trn2", "--model", "llama3-8b", "--instances", "32768",
+                                     "--tp", "8", "--zero", "3", "--global-batch", "262144", "--json", str(layout),
+                                     "--rank-map", str(rank_map)], check=True, capture_output=True, text=True,
+                           timeout=900)
     done = subprocess.run(trnopt + ["check-map", "--layout", str(layout), "--rank-map", str(rank_map)],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     assert "2097152 ranks on 32768 instance(s)" in done.stdout and "OK:" in done.stdout
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child: evaluate or check-map
-    assert peak_kib < 2**20, f"{peak_kib / 2**10:.0f} MiB"
+    for name, run in (("evaluate", wrote), ("check-map", done)):
+        peak_kib = int(run.stderr.strip().splitlines()[-1])
+        assert peak_kib < 2**20, f"{name}: {peak_kib / 2**10:.0f} MiB"
 
 
 def test_a_fifo_as_the_rank_map_is_refused_without_opening_it(planned, capsys):
