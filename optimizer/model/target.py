@@ -46,6 +46,10 @@ class Axis:
     every size, Patarasuk & Yuan 2009) or ``neuron`` (the Neuron runtime's choice by size and
     group shape, cost/collectives.py). The ``collectives`` key of each [[axes]] table and of
     [scale_out] (all the same; default ``ring``)."""
+    closed: bool = True
+    """False when a ``torus``/``ring`` axis has lost positions (a failed instance, trnopt solve
+    --exclude): what is left is a line, whose embedded ring uses each link one way only, so
+    every group on it, even one spanning the whole axis, gets half the bandwidth."""
 
     @property
     def level(self) -> str:
@@ -118,6 +122,21 @@ class Reliability:
 
 
 @dataclass(frozen=True)
+class Remaining:
+    """Where the domains and instances of a partial machine (model/partial.py) sit on the whole one."""
+
+    excluded: tuple[str, ...]
+    """The excluded instances and chips as the user named them (``d2i3``, ``d0i1c5``), sorted."""
+    whole_domains: int
+    """Domains of the whole machine (--ultraservers / --instances)."""
+    domains: tuple[int, ...]
+    """Per domain of the partial machine, the whole machine's domain it is."""
+    instances: tuple[tuple[int, ...], ...]
+    """Per domain of the partial machine, per instance of it (its position on the domain's
+    instance axis), the position of that instance in the whole domain."""
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
@@ -131,6 +150,10 @@ class Target:
     engines: Engines
     efficiency: Efficiency
     runtime_reserve_bytes: float
+    remaining: Remaining | None = None
+    """None for a whole machine; for a partial one (a failed instance or chip excluded), where
+    its domains and instances are on the whole machine: the rank map and the launch files name
+    the whole machine's instances."""
 
     @property
     def chips_per_domain(self) -> int:
