@@ -1,0 +1,86 @@
+"""`solve --exclude` end to end: the answer on what is left, its rank map, map, check-map, the layout
+file and the launch files, and bad names refused."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from trnopt.optimizer.commands.cli import main
+from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.model.layoutfile import read_layout
+
+SOLVE = ["solve", "--target", "trn2u", "--model", "llama3-8b", "--ultraservers", "2", "--top", "0"]
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory):
+    """One solve with instance 2 of UltraServer 1 excluded: its JSON, rank map and launch files."""
+    out = tmp_path_factory.mktemp("exclude")
+    assert main([*SOLVE, "--exclude", "d1i2", "--json", str(out / "l.json"), "--rank-map", str(out / "m.csv")]) == 0
+    assert main(["launch", "--layout", str(out / "l.json"), "--scheduler", "torchrun", "--out", str(out / "L")]) == 0
+    return out
+
+
+def test_the_answer_is_proven_on_what_is_left_and_the_file_records_the_exclusion(solved):
+    data = json.loads((solved / "l.json").read_text())
+    assert data["problem"]["exclude"] == ["d1i2"] and data["problem"]["domains"] == 2
+    assert data["status"] == "OPTIMAL"
+    target, workload, layout = read_layout(str(solved / "l.json"))
+    assert target.remaining.excluded == ("d1i2",) and target.instances_per_domain == data["problem"][
+        "instances_per_domain"]
+    # the reader rebuilds the same machine: the layout scores as the solve said
+    step = Problem(workload, target, layout.domains).evaluate(layout).step.total
+    assert step == pytest.approx(data["step_time_s"])
+
+
+def test_the_rank_map_has_ranks_only_on_the_chips_left_and_check_map_accepts_it(solved, capsys):
+    rows = list(csv.DictReader(io.StringIO((solved / "m.csv").read_text())))
+    instances = {r["instance"] for r in rows}
+    assert "d1i2" not in instances
+    target, _, layout = read_layout(str(solved / "l.json"))
+    assert len(rows) == layout.ranks == len(instances) * 16 * 4
+    capsys.readouterr()
+    assert main(["check-map", "--layout", str(solved / "l.json"), "--rank-map", str(solved / "m.csv")]) == 0
+    assert "OK" in capsys.readouterr().out
+    # the launch's expected map puts no rank on the excluded instance, and check-map accepts it too
+    expected = (solved / "L" / "expected-rank-map.csv").read_text()
+    assert "us1-node2" not in expected and "us1-node3" in expected
+    assert main(["check-map", "--layout", str(solved / "l.json"), "--rank-map",
+                 str(solved / "L" / "expected-rank-map.csv")]) == 0
+    assert {r["position"] for r in csv.DictReader(io.StringIO((solved / "L" / "nodes.csv").read_text()))
+            if r["ultraserver"] == "1"} == {"0", "1", "3"}
+
+
+def test_map_draws_the_whole_machines_instances_around_the_hole(solved, capsys):
+    capsys.readouterr()
+    assert main(["map", "--layout", str(solved / "l.json")]) == 0
+    text = capsys.readouterr().out
+    assert "excluded d1i2" in text
+    domain1 = text[text.index("\ndomain 1"):]
+    assert "instance 3:" in domain1 and "instance 2:" not in domain1
+
+
+def test_exports_run_on_what_is_left(capsys):
+    assert main([*SOLVE, "--exclude", "d0i0c3", "--format", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert "96 chips" in out  # two UltraServers of three instances: the chip's instance is out
+
+
+@pytest.mark.parametrize("names, rule", [
+    ("d2i0", "no domain 2"), ("d0i7", "no instance 7"), ("d0i1,d0i1", "named twice"), ("us0-node1", "is not d<domain>"),
+    ("d0i0,d0i1,d0i2,d0i3,d1i0,d1i1,d1i2,d1i3", "leave no healthy instance"),
+])
+def test_bad_names_are_one_line_naming_the_flag(names, rule, capsys):
+    assert main([*SOLVE, "--exclude", names]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--exclude" in err[0] and rule in err[0], err
+
+
+def test_exclude_needs_the_whole_machine(capsys):
+    assert main(["solve", "--target", "trn2u", "--model", "llama3-8b", "--exclude", "d0i1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--exclude" in err[0] and "--ultraservers" in err[0]
