@@ -64,10 +64,17 @@ def test_map_draws_the_whole_machines_instances_around_the_hole(solved, capsys):
     assert "instance 3:" in domain1 and "instance 2:" not in domain1
 
 
-def test_exports_run_on_what_is_left(capsys):
+def test_exports_run_on_what_is_left(solved, capsys):
     assert main([*SOLVE, "--exclude", "d0i0c3", "--format", "torchtitan"]) == 0
     out = capsys.readouterr().out
     assert "96 chips" in out  # two UltraServers of three instances: the chip's instance is out
+    # --format env numbers the nodes as the launch's nodes.csv does: the whole machine's positions
+    assert main([*SOLVE, "--exclude", "d1i2", "--format", "env"]) == 0
+    env = capsys.readouterr().out
+    table = env[env.index("TRNOPT_NODE_TABLE='") + 19:].split("'")[0].splitlines()
+    nodes = [f"{r['ultraserver']} {r['position']}"
+             for r in csv.DictReader(io.StringIO((solved / "L" / "nodes.csv").read_text()))]
+    assert table == nodes and "1 2" not in table
 
 
 @pytest.mark.parametrize("names, rule", [
