@@ -47,12 +47,12 @@ def parse_names(target: Target, domains: int, text: str | list[str], source: str
             raise InputError(source, key, f"{name!r} is not d<domain>i<instance> (an instance, e.g. d2i3) or "
                              "d<domain>i<instance>c<chip> (a chip), as the rank map's instance and chip columns name them")
         d, i, c = (int(g) if g is not None else None for g in m.groups())
-        for what, value, count in (("domain", d, domains), ("instance", i, target.instances_per_domain),
-                                   ("chip", c, target.chips_per_instance)):
+        for what, value, count, per in (("domain", d, domains, ""),
+                                        ("instance", i, target.instances_per_domain, " per domain"),
+                                        ("chip", c, target.chips_per_instance, " per instance")):
             if value is not None and value >= count:
-                raise InputError(source, key, f"{name!r}: no {what} {value}; the machine has {count} "
-                                 f"{what}s{'' if what == 'domain' else ' per ' + ('domain' if what == 'instance' else 'instance')}"
-                                 f" (numbered from 0)")
+                raise InputError(source, key, f"{name!r}: no {what} {value}; the machine has {count} {what}s{per} "
+                                 "(numbered from 0)")
         if name in seen:
             raise InputError(source, key, f"{name!r} is named twice")
         seen.add(name)
@@ -116,7 +116,7 @@ def candidates(target: Target, domains: int, names: tuple[str, ...], source: str
         most = len(kept)
         shape = replace(axis, size=k * block, closed=axis.closed and (k == n or not ring))
         out.append(replace(target, domain_axes=(*target.domain_axes[:-1], shape),
-                           remaining=Remaining(names, domains, kept, tuple(runs[d] for d in kept))))
+                           remaining=Remaining(names, domains, n, kept, tuple(runs[d] for d in kept))))
     if not out:
         raise InputError(source, key, f"{', '.join(names)} leave no healthy instance of the {domains} "
                          f"{target.name} domain(s)")
@@ -146,8 +146,11 @@ def describe(target: Target) -> str:
         return ""
     axis = target.domain_axes[-1]
     shape = "" if axis.closed else f" ({axis.name} is a line of {axis.size}: the ring is cut)"
+    idle = (rem.whole_domains * rem.whole_instances - len(failed_instances(rem.excluded))
+            - len(rem.domains) * target.instances_per_domain)
     return (f"excluded {', '.join(rem.excluded)}: planned on {len(rem.domains)} of {rem.whole_domains} domains, "
-            f"{target.instances_per_domain} instance(s) each{shape}; the other healthy chips idle")
+            f"{target.instances_per_domain} instance(s) each{shape}"
+            + (f"; {idle} healthy instance(s) idle" if idle else ""))
 
 
 def physical(target: Target, domain: int, instance: int) -> tuple[int, int]:

@@ -129,6 +129,8 @@ class Remaining:
     """The excluded instances and chips as the user named them (``d2i3``, ``d0i1c5``), sorted."""
     whole_domains: int
     """Domains of the whole machine (--ultraservers / --instances)."""
+    whole_instances: int
+    """Instances per domain of the whole machine."""
     domains: tuple[int, ...]
     """Per domain of the partial machine, the whole machine's domain it is."""
     instances: tuple[tuple[int, ...], ...]
