@@ -39,30 +39,37 @@ def on_candidate(problem: Problem, target: Target) -> Problem:
 def solve_partial(problem: Problem, targets: list[Target], time_limit: float = defaults.TIME_LIMIT_S,
                   workers: int = defaults.WORKERS, seed: int = defaults.SEED, top: int = defaults.TOP,
                   deterministic_limit: float | None = None, uncertainty: float = 0.0):
-    """(the SearchResult of the best candidate, every candidate's answer). Candidates come largest
-    first and a tie keeps the earlier. OPTIMAL only when every candidate's search proved its
-    answer; the gap is then the best score's over the least of their bounds. InfeasibleError (the first candidate's) when none fits."""
+    """(the SearchResult of the best candidate, every candidate's answer). The result's seconds, space
+    size and what stopped a search are all the candidates' searches'. Candidates come largest first
+    and a tie keeps the earlier. OPTIMAL only when every candidate's search proved its answer, else
+    the gap is the best score's over the least of their bounds. InfeasibleError (the first
+    candidate's) when none fits."""
     from trnopt.optimizer.search.driver import solve  # the search, imported when a command needs it
 
-    best, answers, first_error = None, [], None
+    best, answers, first_error, results = None, [], None, []
     deadline = clock() + time_limit  # one safety stop for every candidate's search
     for target in targets:
         sub = on_candidate(problem, target)
         try:
-            result = solve(sub, max(1.0, deadline - clock()), workers, seed, top, deterministic_limit=deterministic_limit,
-                           uncertainty=uncertainty)
+            result = solve(sub, max(1.0, deadline - clock()), workers, seed, top,
+                           deterministic_limit=deterministic_limit, uncertainty=uncertainty)
         except InfeasibleError as exc:
             first_error = first_error or exc
             answers.append(Candidate(target, None, "INFEASIBLE"))
             continue
         # the layout each candidate answers (its robust choice), compared; the bound is its fastest's
+        results.append(result)
         score = sub.score(result.best)
-        answers.append(Candidate(target, score, result.status, sub.score(result.fastest or result.best) * (1 - result.gap)))
+        floor = sub.score(result.fastest or result.best) * (1 - result.gap)
+        answers.append(Candidate(target, score, result.status, floor))
         if best is None or score < best[0]:
             best = (score, result)
     if best is None:
         raise first_error
-    result = best[1]
+    stops = {r.stopped for r in results}
+    result = replace(best[1], seconds=sum(r.seconds for r in results), space_size=sum(r.space_size for r in results),
+                     search_seconds=sum(r.search_seconds for r in results),
+                     stopped="time" if "time" in stops else "work" if "work" in stops else "")
     if not all(a.status in ("OPTIMAL", "INFEASIBLE") for a in answers):
         floor = min(a.bound for a in answers if a.bound is not None)
         result = replace(result, status="FEASIBLE", gap=max(0.0, (best[0] - floor) / best[0]))
