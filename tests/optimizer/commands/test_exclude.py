@@ -91,3 +91,20 @@ def test_exclude_needs_the_whole_machine(capsys):
     assert main(["solve", "--target", "trn2u", "--model", "llama3-8b", "--exclude", "d0i1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--exclude" in err[0] and "--ultraservers" in err[0]
+
+
+def test_same_json_under_a_slow_clock(tmp_path, monkeypatch, capsys):
+    """Every candidate is searched by work, not wall time: a clock 20 times fast changes nothing."""
+    import time
+
+    from trnopt.optimizer.search import clock
+
+    case = ["solve", "--target", "trn2u", "--model", "mixtral-8x22b", "--ultraservers", "2", "--exclude", "d0i2",
+            "--time-limit", "600"]
+    assert main([*case, "--json", str(tmp_path / "a.json")]) == 0
+    real = time.perf_counter
+    start = real()
+    monkeypatch.setattr(clock, "CLOCK", lambda: start + 20 * (real() - start))
+    assert main([*case, "--json", str(tmp_path / "b.json")]) == 0
+    first = (tmp_path / "a.json").read_bytes()
+    assert json.loads(first)["status"] == "OPTIMAL" and (tmp_path / "b.json").read_bytes() == first
