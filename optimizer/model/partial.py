@@ -114,7 +114,7 @@ def candidates(target: Target, domains: int, names: tuple[str, ...], source: str
         if len(kept) <= most:
             continue
         most = len(kept)
-        shape = replace(axis, size=k * block, closed=axis.closed and (k == n or not ring))
+        shape = axis if k == n else replace(axis, size=k * block, closed=axis.closed and not ring)
         out.append(replace(target, domain_axes=(*target.domain_axes[:-1], shape),
                            remaining=Remaining(names, domains, n, kept, tuple(runs[d] for d in kept))))
     if not out:

@@ -2,6 +2,7 @@
 refereed by brute force over every candidate of small machines."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -110,3 +111,12 @@ def test_search_on_a_partial_machine_equals_brute_force_over_every_candidate(kin
         assert (a.score is None) == (forced[a.target] is None)
     assert result.best.layout.ranks == sub.target.ranks(result.best.layout.lnc, sub.domains)
 
+
+
+def test_where_instances_are_not_blocks_of_the_slowest_axis_only_whole_domains_go():
+    t = replace(load_target("trn2"), chips_per_instance=2)  # 8 instances of 2 chips across both torus axes
+    whole = ",".join(f"d1i{i}" for i in range(8))
+    assert [(c.instances_per_domain, c.remaining.domains, c.domain_axes) for c in candidates(t, 2, parse_names(
+        t, 2, whole))] == [(8, (0,), t.domain_axes)]
+    with pytest.raises(InputError, match="only whole domains can be excluded"):
+        candidates(t, 2, parse_names(t, 2, "d1i3"))
