@@ -17,7 +17,10 @@ switch ports); ``k`` instances of a ring or torus axis are a run of ``k`` neighb
 for ``k`` below the whole ring is a line (``Axis.closed`` False): its collectives see half
 the ring's bandwidth, as a ring with a hole does. On a switch any ``k`` instances serve.
 Every ``k`` with at least one such domain is a candidate machine, except when a larger
-``k`` has as many domains (fewer instances a domain and no more domains only idles chips);
+``k`` has as many domains (fewer instances a domain and no more domains only idles chips)
+and when the runtime cannot join ``k`` instances into one domain (``Target.domain_instances``:
+a Trn2 UltraServer runs as 4, 2 or 1 nodes, so a ring of 4 that lost one instance is planned
+as 3 whole UltraServers or as pairs of neighbours, each pair a line of 2);
 `trnopt solve` searches each candidate and answers the fastest (search/partial.py).
 """
 
@@ -108,7 +111,7 @@ def candidates(target: Target, domains: int, names: tuple[str, ...], source: str
         axis, block = target.domain_axes[-1], axis_block(target)
     ring = axis.kind in ("torus", "ring")
     out, most = [], 0
-    for k in range(n, 0, -1):
+    for k in target.domain_instances or range(n, 0, -1):
         runs = {d: _run([(d, i) not in failed for i in range(n)], k, ring) for d in range(domains)}
         kept = tuple(d for d in range(domains) if runs[d] is not None)
         if len(kept) <= most:

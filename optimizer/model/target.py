@@ -152,6 +152,9 @@ class Target:
     engines: Engines
     efficiency: Efficiency
     runtime_reserve_bytes: float
+    domain_instances: tuple[int, ...] = ()
+    """Instance counts the runtime can join into one scale-up domain (key ``domain_instances``;
+    empty: any count). A partial machine (model/partial.py) keeps domains of these sizes only."""
     remaining: Remaining | None = None
     """None for a whole machine; for a partial one (a failed instance or chip excluded), where
     its domains and instances are on the whole machine: the rank map and the launch files name
@@ -275,6 +278,11 @@ def parse_target(data: dict, source: str) -> Target:
     if len({a.collectives for a in (*axes, scale_out)}) > 1:
         raise net.fail("collectives", "every [[axes]] table and [scale_out] must name the same collectives runtime, got "
                        f"{', '.join(f'{a.name}={a.collectives}' for a in (*axes, scale_out))}")
+    joined = root.int_list("domain_instances") if root.has("domain_instances") else ()
+    per_domain = chips_per_domain // per_instance
+    if joined and (per_domain not in joined or max(joined) > per_domain):
+        raise root.fail("domain_instances", f"must list instance counts up to and including the {per_domain} "
+                        f"instances of a domain, got {list(joined)}")
     rel = root.table("reliability")
     eff = root.table("efficiency")
     eng = root.table("engines")
@@ -300,6 +308,7 @@ def parse_target(data: dict, source: str) -> Target:
                               collective_fixed_share=_share(eff, "collective_fixed_share"),
                               fitted_on=eff.str("fitted_on", nonempty=True)),
         runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, B.HBM_GIB, positive=False),
+        domain_instances=tuple(sorted(set(joined), reverse=True)),
     )
     if target.runtime_reserve_bytes >= chip.hbm_bytes:
         raise root.fail("runtime_reserve_gib", f"{target.runtime_reserve_bytes / GIB:g} GiB leaves nothing of "

@@ -30,8 +30,22 @@ def small_target(kind: str, instances: int = 4) -> object:
     return parse_target(data, "test")
 
 
-def test_a_ring_with_a_hole_is_a_line_and_a_lost_domain_is_the_other_candidate():
+def any_count(name: str):
+    """A target as the file gives it, on a runtime that joins any count of instances into a domain."""
+    return replace(load_target(name), domain_instances=())
+
+
+def test_a_trn2_ultraserver_runs_as_4_2_or_1_nodes():
     t = load_target("trn2u")
+    assert t.domain_instances == (4, 2, 1)
+    whole, pairs = candidates(t, 4, parse_names(t, 4, "d2i3"))
+    assert (whole.instances_per_domain, whole.remaining.domains) == (4, (0, 1, 3))
+    assert (pairs.instances_per_domain, pairs.remaining.domains) == (2, (0, 1, 2, 3))
+    assert (pairs.domain_axes[-1].size, pairs.domain_axes[-1].closed) == (2, False)  # two neighbours: a line
+
+
+def test_a_ring_with_a_hole_is_a_line_and_a_lost_domain_is_the_other_candidate():
+    t = any_count("trn2u")
     names = parse_names(t, 4, "d2i3")
     whole, line = candidates(t, 4, names)
     assert (whole.instances_per_domain, whole.remaining.domains) == (4, (0, 1, 3))
@@ -47,7 +61,7 @@ def test_a_ring_with_a_hole_is_a_line_and_a_lost_domain_is_the_other_candidate()
 
 
 def test_the_run_wraps_round_the_ring_and_a_chip_takes_its_instance_out():
-    t = load_target("trn2u")
+    t = any_count("trn2u")
     cands = candidates(t, 2, parse_names(t, 2, "d0i1c5"))
     line = next(c for c in cands if c.instances_per_domain == 3)
     assert line.remaining.instances[0] == (2, 3, 0)  # instances 2, 3, 0 are neighbours on the ring
