@@ -21,6 +21,7 @@ from trnopt.optimizer.model import bounds
 from trnopt.optimizer.frameworks.profile import check_runs
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.layoutfile import layout_framework, read_layout
+from trnopt.optimizer.model.partial import candidates, parse_names
 from trnopt.optimizer.model.placement import MAX_CSV_RANKS, rank_map_csv
 from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import GIB, Target, check_domains
@@ -142,6 +143,12 @@ def domains_from_args(target: Target, args) -> int | None:
         check_domains(target, args.instances // per, "--instances", "instances")
         return args.instances // per
     return None
+
+
+def exclude_from_args(target: Target, domains: int, args) -> list[Target]:
+    """--exclude NAMES on the whole machine of ``domains`` domains: the candidate machines left
+    (model/partial.py), each name checked (exists, given once) and something left."""
+    return candidates(target, domains, parse_names(target, domains, args.exclude))
 
 
 def lnc_from_args(target: Target, args) -> int | None:

@@ -23,6 +23,7 @@ from trnopt.optimizer.commands.args import ascii_int, check_int, load_runnable_l
 from trnopt.optimizer.commands.output import check_output
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.partial import describe, physical
 from trnopt.optimizer.model.placement import _ranges, instance_ranks, stage, tp_group, tp_summary
 from trnopt.optimizer.model.target import Target
 
@@ -110,16 +111,17 @@ def text_map(layout: Layout, target: Target, max_domains: int = DEFAULT_MAX_DOMA
     margin = max(3, len(corner))
     lines = [f"rank map: {layout.describe()} on {layout.domains} x {describe_target(target)}",
              f"placement: {layout.placement_text() or 'all on one rank'}",
+             *([describe(target)] if target.remaining else []),
              f"each chip: T<TP groups> s<pipeline stages> of its {layout.ranks_per_chip} logical core(s); "
              "TP group n holds the ranks with equal coordinates in every other dimension; "
              f"chip number = {cols} * row + column"]
     for pic in pics:
         lines.append("")
-        lines.append(f"domain {pic.index}")
+        lines.append(f"domain {physical(target, pic.index, 0)[0]}")
         labels = {k: chip_label(v) for k, v in pic.chips.items()}
         width = max(len(s) for s in labels.values())
         for inst in range(target.instances_per_domain):
-            lines.append(f"  instance {inst}:")
+            lines.append(f"  instance {physical(target, pic.index, inst)[1]}:")
             lines.append(f"    {corner:<{margin}s} " + " ".join(f"{c:<{width}d}" for c in range(cols)).rstrip())
             for r in range(rows):
                 cells = [labels[(inst, r * cols + c)].ljust(width) for c in range(cols)]
@@ -159,7 +161,7 @@ def png_map(layout: Layout, target: Target, path: str, force: bool = False,
         for inst in range(target.instances_per_domain):
             ox = (inst % icols) * panel_w
             oy = (inst // icols) * panel_h
-            ax.text(ox + cols / 2, oy - 0.25, f"instance {inst}", ha="center", va="bottom", fontsize=font)
+            ax.text(ox + cols / 2, oy - 0.25, f"instance {physical(target, pic.index, inst)[1]}", ha="center", va="bottom", fontsize=font)
             for chip in range(target.chips_per_instance):
                 cx, cy = ox + chip % cols, oy + chip // cols
                 cores = pic.chips[(inst, chip)]
@@ -175,7 +177,7 @@ def png_map(layout: Layout, target: Target, path: str, force: bool = False,
         ax.set_ylim(height, -0.8)
         ax.set_aspect("equal")
         ax.axis("off")
-        ax.set_title(f"domain {pic.index}: {target.name}, colour = TP group, label = pipeline stage",
+        ax.set_title(f"domain {physical(target, pic.index, 0)[0]}: {target.name}, colour = TP group, label = pipeline stage",
                      fontsize=font + 1)
     fig.suptitle(f"{layout.describe()}", fontsize=font + 1)
     fig.tight_layout()

@@ -10,6 +10,7 @@ from dataclasses import replace
 from trnopt.optimizer import defaults
 from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_rank_map_arg, add_search_args, check_output_args,
                                             check_rank_map_size, check_search_args, domains_from_args,
+                                            exclude_from_args,
                                             lnc_from_args, text_to_stdout, workload_from_args, write_rank_map,
                                             zero_stages_from_args)
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
@@ -21,11 +22,12 @@ from trnopt.optimizer.errors import InfeasibleError, InputError
 from trnopt.optimizer.frameworks import export
 from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
 from trnopt.optimizer.frameworks.profile import PROFILES, FrameworkProfile
-from trnopt.optimizer.model.layoutfile import problem_dict
+from trnopt.optimizer.model.layoutfile import partial_dict, problem_dict
 from trnopt.optimizer.model.target import GIB, load_target
 from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_domains, least_memory,
                                              least_memory_found)
 from trnopt.optimizer.search.driver import solve
+from trnopt.optimizer.search.partial import on_candidate, solve_partial
 
 
 def register(sub) -> None:
@@ -34,6 +36,9 @@ def register(sub) -> None:
     add_search_args(p)
     p.add_argument("--lnc", type=ascii_int, help="fix the LNC instead of searching every allowed value")
     add_rank_map_arg(p)
+    p.add_argument("--exclude", metavar="NAMES",
+                   help="failed instances or chips to plan around, comma-separated, named as the rank map names "
+                        "them: d2i3 (domain 2's instance 3), d0i1c5 (its chip 5); needs --ultraservers/--instances")
     p.add_argument("--zero-stages", help="ZeRO stages to search, e.g. 0,1 (default: those the framework runs)")
     p.add_argument("--framework", choices=tuple(PROFILES),
                    help=f"the training framework whose decisions the search may use (default {DEFAULT_FRAMEWORK}; "
@@ -69,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
                       lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework),
                       recompute=framework.recompute, interleave=framework.interleaved, hsdp=framework.hsdp,
                       rules=framework.rules, instance_blocks=True)
+    if args.exclude is not None:
+        return run_partial(args, problem, framework)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
     # one deadline for the whole command: finding the domain count comes out of --time-limit
     deadline = time.perf_counter() + args.time_limit
@@ -90,8 +97,35 @@ def run(args: argparse.Namespace) -> int:
     result = solve(problem, max(1.0, deadline - time.perf_counter()), args.workers, args.seed, args.top,
                    deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
     result.domains_note = note
+    return answer(args, result, framework)
+
+
+def run_partial(args: argparse.Namespace, problem: Problem, framework: FrameworkProfile) -> int:
+    """--exclude: the best layout on what is left (model/partial.py: every candidate machine searched)."""
+    if args.ultraservers is None and args.instances is None:
+        raise InputError("--exclude", "exclude", "needs --ultraservers or --instances: the whole machine the "
+                         "excluded instances or chips are part of")
+    targets, first = [], None
+    for cand in exclude_from_args(problem.target, problem.domains, args):
+        try:
+            check_degrees(problem.workload, cand, problem.lnc_values, on_candidate(problem, cand).domains, MAX_DOMAINS)
+            targets.append(cand)
+        except InfeasibleError as exc:
+            first = first or exc
+    if not targets:
+        raise first
+    check_rank_map_size(args, max(t.ranks(v, on_candidate(problem, t).domains)
+                                  for t in targets for v in problem.lnc_values))
+    result, _ = solve_partial(problem, targets, args.time_limit, args.workers, args.seed, args.top,
+                              deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
+    return answer(args, result, framework)
+
+
+def answer(args: argparse.Namespace, result, framework: FrameworkProfile) -> int:
+    """The report, the files and the exports of a search's result (on the machine it searched)."""
+    problem, target, workload = result.problem, result.problem.target, result.problem.workload
     no_overlap = no_overlap_answer(problem, result, args)
-    info = problem_dict(args.target, args.model, workload, problem.domains, framework.name)
+    info = {**problem_dict(args.target, args.model, workload, problem.domains, framework.name), **partial_dict(target)}
     # files first: a reader that closes stdout early (`| head`) does not lose them
     if args.json and args.json != "-":
         write_output(args.json, solve_dict(result, info, no_overlap), args.force)

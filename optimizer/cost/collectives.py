@@ -84,9 +84,9 @@ class Level:
 def axis_bandwidth(axis: Axis, factor: int) -> float:
     """Per-chip bandwidth a group with ``factor`` chips on ``axis`` can use, times the axis's
     ``achievable`` share: all of it on a switch, a closed ring or the scale-out network; half
-    on a line (part of a ring axis)."""
+    on a line (part of a ring axis, or all of a ring axis with a hole: ``Axis.closed``)."""
     bandwidth = axis.bandwidth * axis.achievable
-    if axis.kind in ("torus", "ring") and factor < axis.size:
+    if axis.kind in ("torus", "ring") and (factor < axis.size or not axis.closed):
         return bandwidth / 2
     return bandwidth
 
@@ -250,7 +250,7 @@ def _mesh_distance(span: Span) -> float:
     for a, f in part:
         if a.kind == "switch":
             total += (f - 1) / f
-        elif f == a.size:
+        elif f == a.size and a.closed:
             total += sum(min(d, f - d) for d in range(f)) / f
         else:
             total += (f * f - 1) / (3 * f)

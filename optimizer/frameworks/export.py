@@ -51,6 +51,7 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.frameworks import torchtitan
 from trnopt.optimizer.frameworks.launch import node_numbering
 from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.partial import physical
 from trnopt.optimizer.model.placement import instance_ranks
 from trnopt.optimizer.search.driver import SearchResult
 from trnopt.optimizer.model.target import GIB, Target
@@ -192,14 +193,15 @@ def node_rank_lines(target: Target, numbering: dict[tuple[int, int], int]) -> li
     ipd = target.instances_per_domain
     where = "domain" if ipd == 1 else "UltraServer"
     lines = ["# NODE_RANK: the node rank `trnopt launch` gives the instance in its nodes.csv (one numbering for both)."]
-    if all(n == d * ipd + i for (d, i), n in numbering.items()):
+    if target.remaining is None and all(n == d * ipd + i for (d, i), n in numbering.items()):
         rule = f"{ipd} * {where} + position in it" if ipd > 1 else "the instance's index in the job"
         lines.append(f"# Here NODE_RANK = {rule}"
                      + (" (ring position)" if any(a.kind == "ring" for a in target.domain_axes) else "") + ".")
         return lines
     lines.append(f"# Line n + 1 of TRNOPT_NODE_TABLE is node rank n's {where} of the job and position in it.")
     slots = sorted(numbering, key=numbering.__getitem__)
-    return lines + ["TRNOPT_NODE_TABLE='" + "\n".join(f"{d} {i}" for d, i in slots) + "'"]
+    # a partial machine (--exclude) names the whole machine's UltraServers and positions, as nodes.csv does
+    return lines + ["TRNOPT_NODE_TABLE='" + "\n".join("{} {}".format(*physical(target, d, i)) for d, i in slots) + "'"]
 
 
 def ultraserver_env_lines(ipd: int) -> list[str]:

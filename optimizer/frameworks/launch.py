@@ -59,6 +59,7 @@ from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.frameworks import schedulers, torchtitan, torchtitan_registry
 from trnopt.optimizer.frameworks.profile import TORCHTITAN, FrameworkProfile, TorchrunBinding, torchrun_binding
 from trnopt.optimizer.model.layout import Layout
+from trnopt.optimizer.model.partial import physical
 from trnopt.optimizer.model.placement import instance_ranks
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
@@ -165,7 +166,8 @@ def node_numbering(layout: Layout, target: Target) -> dict[tuple[int, int], int]
 
 # -- the rank map the launch implies ------------------------------------------------------------------
 def host_name(domain: int, instance: int) -> str:
-    """The name the expected rank map gives the instance at (domain, position)."""
+    """The name the expected rank map gives the instance at (domain, position): on a partial machine
+    (--exclude) the whole machine's numbers (``partial.physical``), so the hole's names never appear."""
     return f"us{domain}-node{instance}"
 
 
@@ -183,7 +185,7 @@ def implied_rank_map(launch: Launch, node_order: dict[int, tuple[int, int]] | No
 
     def rows():
         for n in range(b.nodes):
-            domain, instance = order[n]
+            domain, instance = physical(launch.target, *order[n])
             host, us = host_name(domain, instance), (f"us{domain}",) if launch.ultraserver else ()
             for local, v in enumerate(b.local_core):
                 yield (n * b.nproc_per_node + local, host, v // per_chip, v % per_chip, *us, lnc)
@@ -228,7 +230,8 @@ def env_sh(launch: Launch) -> str:
 
 def nodes_csv(launch: Launch) -> str:
     return _csv(("node_rank", "ultraserver", "position", "host"),
-                ((n, d, i, host_name(d, i)) for n, (d, i) in sorted(launch.binding.slot.items())))
+                ((n, *physical(launch.target, d, i), host_name(*physical(launch.target, d, i)))
+                 for n, (d, i) in sorted(launch.binding.slot.items())))
 
 
 def ranks_csv(launch: Launch) -> str:
@@ -236,7 +239,7 @@ def ranks_csv(launch: Launch) -> str:
 
     def rows():
         for n in range(b.nodes):
-            d, i = b.slot[n]
+            d, i = physical(launch.target, *b.slot[n])
             for local, v in enumerate(b.local_core):
                 yield n * b.nproc_per_node + local, n, local, d, i, v // per_chip, v % per_chip, v
     return _csv(("rank", "node_rank", "local_rank", "ultraserver", "position", "chip", "core", "logical_core"), rows())

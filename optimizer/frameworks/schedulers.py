@@ -29,6 +29,7 @@ from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.frameworks import torchtitan_registry
 from trnopt.optimizer.frameworks.ultraserver import pod_env as _ultraserver_env
 from trnopt.optimizer.frameworks.ultraserver import run_node_lines as ultraserver_lines
+from trnopt.optimizer.model.partial import physical
 
 if TYPE_CHECKING:
     from trnopt.optimizer.frameworks.launch import Launch
@@ -103,6 +104,18 @@ def run_node_sh(launch: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _whole_positions(launch: Launch) -> int:
+    """Node ids an UltraServer of the whole machine has: its instances (more than the plan's on a partial machine)."""
+    rem, ipd = launch.target.remaining, launch.target.instances_per_domain
+    return ipd if rem is None else max(ipd, max(max(p) for p in rem.instances) + 1)
+
+
+def _topo0(launch: Launch) -> int:
+    """The plan's position in UltraServer 0 of topology id 0 (the lowest node id it holds)."""
+    rem = launch.target.remaining
+    return 0 if rem is None else rem.instances[0].index(min(rem.instances[0]))
+
+
 def node_rank_sh(launch: Launch) -> str:
     ipd, domains = launch.target.instances_per_domain, launch.layout.domains
     lines = [
@@ -117,14 +130,20 @@ def node_rank_sh(launch: Launch) -> str:
         f"# The job's UltraServers become domains 0..{domains - 1} in the sorted order of their ids (EFA joins every",
         "# pair alike, so any order of whole UltraServers is the plan's); inside one, the node id is the position.",
         f"# Fails (exit 1) unless the job has exactly {domains} UltraServer(s) of {ipd} instance(s) each, node ids "
-        f"0..{ipd - 1} once: an UltraServer is scheduled as one unit or the job does not start.",
+        f"0..{ipd - 1} once: an UltraServer is scheduled as one unit or the job does not start."
+        if launch.target.remaining is None else
+        f"# A partial machine ({', '.join(launch.target.remaining.excluded)} excluded): the job's UltraServers are "
+        f"the plan's domains {' '.join(str(physical(launch.target, d, 0)[0]) for d in range(domains))} in that order; "
+        "fails (exit 1) unless each has the plan's node ids once.",
         *_assumptions(launch),
         "set -euo pipefail",
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         'hosts=${1:?usage: ./node-rank.sh HOSTS [TOPOLOGY] [HOST]}',
         'topology=${2:-}',
         'me=${3:-$(hostname)}',
-        f'awk -v ipd={ipd} -v domains={domains} -v me="$me" -v topo="$topology" -v nodes="$here/nodes.csv" \'',
+        f'awk -v ipd={ipd} -v domains={domains} -v me="$me" -v topo="$topology" -v nodes="$here/nodes.csv" '
+        f'-v doms="{" ".join(str(physical(launch.target, d, 0)[0]) for d in range(domains))}" '
+        f'-v positions={_whole_positions(launch)} -v t0="{" ".join(map(str, physical(launch.target, 0, _topo0(launch))))}" \'',
         "function fail(msg) { print \"node-rank.sh: \" msg > \"/dev/stderr\"; bad = 1; exit 1 }",
         "BEGIN {",
         "  if (topo != \"\") while ((getline line < topo) > 0) {",
@@ -149,13 +168,16 @@ def node_rank_sh(launch: Launch) -> str:
         "  for (i = 2; i <= k; i++) { v = ids[i]; for (j = i - 1; j >= 1 && ids[j] > v; j--) ids[j + 1] = ids[j];"
         " ids[j + 1] = v }",
         "  if (k != domains) fail(\"the job has \" k \" UltraServer(s), the plan \" domains)",
-        "  for (i = 1; i <= k; i++) { dom[ids[i]] = i - 1",
+        "  split(doms, dn, \" \"); split(t0, z, \" \")",
+        "  for (i = 1; i <= k; i++) { dom[ids[i]] = dn[i]",
         "    if (count[ids[i]] != ipd) fail(\"UltraServer \" ids[i] \" is scheduled partially: \" count[ids[i]] \" of \""
         " ipd \" instances\") }",
-        "  for (i = 1; i <= n; i++) { h = host[i]; if (pos[h] < 0 || pos[h] >= ipd) fail(\"host \" h \" has node id \""
-        " pos[h] \", not 0..\" ipd - 1)",
+        "  for (i = 1; i <= n; i++) { h = host[i]; if (pos[h] < 0 || pos[h] >= positions) fail(\"host \" h \" has node id \""
+        " pos[h] \", not 0..\" positions - 1)",
+        "    if (!((dom[us[h]] \" \" pos[h]) in rank_of)) fail(\"host \" h \" is UltraServer \" us[h] \" node \" pos[h] \", "
+        "which the plan leaves out (excluded)\")",
         "    if (dom[us[h]] == d0 && pos[h] == p0) master = h",
-        "    if (dom[us[h]] == 0 && pos[h] == 0) topo0 = h }",
+        "    if (dom[us[h]] == z[1] && pos[h] == z[2]) topo0 = h }",
         "  if (!(me in injob)) fail(\"this host \" me \" is not in the job\")",
         "  r = rank_of[dom[us[me]] \" \" pos[me]]",
         "  print r, master, us[me], topo0",

@@ -22,8 +22,12 @@ ULTRASERVER_MODE = {4: "1", 1: "4"}
 
 
 def topology_id(launch: Launch, domain: int, instance: int) -> int:
-    """NEURON_GLOBAL_TOPOID of the instance at (domain, position): UltraServer by UltraServer, node id within."""
-    return domain * launch.target.instances_per_domain + instance
+    """NEURON_GLOBAL_TOPOID of the instance at (domain, position): UltraServer by UltraServer, node id within.
+    On a partial machine (--exclude) the node ids are the whole ring's positions, so the id within is
+    the position's rank among its UltraServer's positions in the plan (the init script sorts by node id)."""
+    rem = launch.target.remaining
+    within = instance if rem is None else sorted(rem.instances[domain]).index(rem.instances[domain][instance])
+    return domain * launch.target.instances_per_domain + within
 
 
 def run_node_lines(launch: Launch) -> list[str]:
@@ -67,7 +71,11 @@ def run_node_lines(launch: Launch) -> list[str]:
         "NEURON_RT_ULTRASERVER_NODE_ID=${NEURON_RT_ULTRASERVER_NODE_ID:-$(us_read "
         f"{sysfs}/node_id_{n} NEURON_RT_ULTRASERVER_NODE_ID)}}",
         "export NEURON_RT_ULTRASERVER_SERVER_ID NEURON_RT_ULTRASERVER_NODE_ID",
-        f'export NEURON_GLOBAL_TOPOID=$((planned_us * {n} + planned))',
+        f'export NEURON_GLOBAL_TOPOID=$((planned_us * {n} + planned))' if launch.target.remaining is None else
+        # a partial machine: the plan's topology id of each node rank (node ids are the whole ring's positions)
+        'export NEURON_GLOBAL_TOPOID=$(case "$NODE_RANK" in '
+        + " ".join(f"{r}) echo {topology_id(launch, d, i)};;" for r, (d, i) in sorted(launch.binding.slot.items()))
+        + " esac)",
     ]
     if master_is_topo0:
         lines.append('export NEURON_GLOBAL_TOPOID0_HOST="${NEURON_GLOBAL_TOPOID0_HOST:-$MASTER_ADDR}"'

@@ -8,6 +8,7 @@ from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.bounds import MAX_DOMAINS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ
 from trnopt.optimizer.model.inputfile import parse_json, read_text
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.partial import parse_names, with_instances
 from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import Target, check_domains, load_target
 from trnopt.optimizer.model.tomlcheck import Table
@@ -34,6 +35,17 @@ def problem_dict(target_ref: str, model_ref: str, workload: Workload, domains: i
     return {"target": target_ref, "model": model_ref, "domains": domains,
             "seq": workload.training.seq, "global_batch": workload.training.global_batch,
             **({"framework": framework} if framework else {})}
+
+
+def partial_dict(target: Target) -> dict:
+    """A partial machine's record (model/partial.py), which replaces ``problem.domains``: the whole
+    machine's domains, the excluded names and the instances per domain the plan runs on; {} on a
+    whole machine. Every reader rebuilds the same candidate machine from it."""
+    rem = target.remaining
+    if rem is None:
+        return {}
+    return {"domains": rem.whole_domains, "exclude": list(rem.excluded),
+            "instances_per_domain": target.instances_per_domain}
 
 
 def layout_framework(path: str) -> str | None:
@@ -67,6 +79,14 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
     if problem.has("framework"):
         problem.choice("framework", FRAMEWORKS)
     check_domains(target, domains, path, "problem.domains")
+    if problem.has("exclude"):
+        listed = problem._get("exclude", [])
+        if not isinstance(listed, list) or not listed:
+            raise problem.fail("exclude", "must be a non-empty list of instance or chip names (d2i3, d0i1c5)")
+        names = parse_names(target, domains, listed, path, "problem.exclude")
+        kept = problem.int("instances_per_domain", maximum=target.instances_per_domain)
+        target = with_instances(target, domains, names, kept, path, "problem.instances_per_domain")
+        domains = len(target.remaining.domains)
     lnc = lay.int("lnc", maximum=target.chip.physical_cores)
     if lnc not in target.chip.lnc_allowed:
         raise lay.fail("lnc", f"LNC={lnc} is not allowed on {target.name} "

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.partial import physical
 from trnopt.optimizer.model.target import Axis, Target
 
 
@@ -156,7 +157,8 @@ def instance_table(layout: Layout, target: Target, limit: int = 8) -> list[str]:
         ranks = sorted(instance_ranks(layout, target, domain, inst))
         tps = sorted({tp_group(r, layout) for r in ranks})
         stages = sorted({stage(r, layout) for r in ranks})
-        lines.append(f"  domain {domain} instance {inst}: {len(ranks)} ranks {_rank_set(ranks)}, "
+        whole = physical(target, domain, inst)
+        lines.append(f"  domain {whole[0]} instance {whole[1]}: {len(ranks)} ranks {_rank_set(ranks)}, "
                      f"TP groups {_ranges(tps)}, pipeline stages {_ranges(stages)}")
     if total > limit:
         lines.append(f"  ... {total - limit} more instances, same pattern")
@@ -191,7 +193,8 @@ def rank_map_summary(layout: Layout, target: Target, limit: int = 8) -> dict:
     first = []
     for k in range(min(limit, layout.domains * per_domain)):
         domain, inst = divmod(k, per_domain)
-        first.append({"domain": domain, "instance": inst,
+        whole = physical(target, domain, inst)
+        first.append({"domain": whole[0], "instance": whole[1],
                       "ranks": _rank_set(sorted(instance_ranks(layout, target, domain, inst)))})
     tp = tp_summary(layout, target)
     return {"rule": "rank order tp, cp, ep, dp, pp (tp fastest); on each axis the dimensions nest in that "
@@ -237,6 +240,18 @@ def place_columns(layout: Layout, target: Target, start: int = 0, stop: int | No
     return coords[-1], chip_in_domain // per, chip_in_domain % per, coords[0]
 
 
+def whole_machine(target: Target, domain, instance, chip, core):
+    """(domain, instance, chip, core) columns with a partial machine's domains and instances renumbered
+    as the whole machine's (``Target.remaining``); unchanged on a whole machine. Chips keep their
+    number: a partial machine keeps whole instances."""
+    rem = target.remaining
+    if rem is None:
+        return domain, instance, chip, core
+    import numpy as np
+
+    return np.asarray(rem.domains)[domain], np.asarray(rem.instances)[domain, instance], chip, core
+
+
 def planned_map(layout: Layout, target: Target) -> PlannedMap:
     """``rank_map`` as integer columns, computed with NumPy (the rank map file of a job is this long)."""
     return PlannedMap(*(column.tolist() for column in place_columns(layout, target)))
@@ -250,12 +265,14 @@ def rank_map_csv(layout: Layout, target: Target, chunk: int = 2**16) -> Iterator
 
     Instance ids are ``d<domain>i<instance>`` and UltraServer ids ``d<domain>`` (on targets
     whose domain has several instances), so that check-map of this file against its layout passes.
+    On a partial machine they are the whole machine's ids (``whole_machine``): the hole's ids are absent.
     """
-    multi = target.instances_per_domain > 1
+    multi = target.instances_per_domain > 1 or target.remaining is not None
     yield "rank,instance,chip,core" + (",ultraserver" if multi else "") + ",lnc\n"
     for start in range(0, layout.ranks, chunk):
         stop = min(layout.ranks, start + chunk)
-        domain, instance, chip, core = (c.tolist() for c in place_columns(layout, target, start, stop))
+        domain, instance, chip, core = (c.tolist() for c in whole_machine(target, *place_columns(layout, target,
+                                                                                                  start, stop)))
         yield "".join(f"{r},d{d}i{i},{c},{k}" + (f",d{d}" if multi else "") + f",{layout.lnc}\n"
                       for r, d, i, c, k in zip(range(start, stop), domain, instance, chip, core))
 

@@ -46,6 +46,10 @@ class Axis:
     every size, Patarasuk & Yuan 2009) or ``neuron`` (the Neuron runtime's choice by size and
     group shape, cost/collectives.py). The ``collectives`` key of each [[axes]] table and of
     [scale_out] (all the same; default ``ring``)."""
+    closed: bool = True
+    """False when a ``torus``/``ring`` axis has lost positions (a failed instance, trnopt solve
+    --exclude): what is left is a line, whose embedded ring uses each link one way only, so
+    every group on it, even one spanning the whole axis, gets half the bandwidth."""
 
     @property
     def level(self) -> str:
@@ -118,6 +122,23 @@ class Reliability:
 
 
 @dataclass(frozen=True)
+class Remaining:
+    """Where the domains and instances of a partial machine (model/partial.py) sit on the whole one."""
+
+    excluded: tuple[str, ...]
+    """The excluded instances and chips as the user named them (``d2i3``, ``d0i1c5``), sorted."""
+    whole_domains: int
+    """Domains of the whole machine (--ultraservers / --instances)."""
+    whole_instances: int
+    """Instances per domain of the whole machine."""
+    domains: tuple[int, ...]
+    """Per domain of the partial machine, the whole machine's domain it is."""
+    instances: tuple[tuple[int, ...], ...]
+    """Per domain of the partial machine, per instance of it (its position on the domain's
+    instance axis), the position of that instance in the whole domain."""
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
@@ -131,6 +152,13 @@ class Target:
     engines: Engines
     efficiency: Efficiency
     runtime_reserve_bytes: float
+    domain_instances: tuple[int, ...] = ()
+    """Instance counts the runtime can join into one scale-up domain (key ``domain_instances``;
+    empty: any count). A partial machine (model/partial.py) keeps domains of these sizes only."""
+    remaining: Remaining | None = None
+    """None for a whole machine; for a partial one (a failed instance or chip excluded), where
+    its domains and instances are on the whole machine: the rank map and the launch files name
+    the whole machine's instances."""
 
     @property
     def chips_per_domain(self) -> int:
@@ -250,6 +278,11 @@ def parse_target(data: dict, source: str) -> Target:
     if len({a.collectives for a in (*axes, scale_out)}) > 1:
         raise net.fail("collectives", "every [[axes]] table and [scale_out] must name the same collectives runtime, got "
                        f"{', '.join(f'{a.name}={a.collectives}' for a in (*axes, scale_out))}")
+    joined = root.int_list("domain_instances") if root.has("domain_instances") else ()
+    per_domain = chips_per_domain // per_instance
+    if joined and (per_domain not in joined or max(joined) > per_domain):
+        raise root.fail("domain_instances", f"must list instance counts up to and including the {per_domain} "
+                        f"instances of a domain, got {list(joined)}")
     rel = root.table("reliability")
     eff = root.table("efficiency")
     eng = root.table("engines")
@@ -275,6 +308,7 @@ def parse_target(data: dict, source: str) -> Target:
                               collective_fixed_share=_share(eff, "collective_fixed_share"),
                               fitted_on=eff.str("fitted_on", nonempty=True)),
         runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, B.HBM_GIB, positive=False),
+        domain_instances=tuple(sorted(set(joined), reverse=True)),
     )
     if target.runtime_reserve_bytes >= chip.hbm_bytes:
         raise root.fail("runtime_reserve_gib", f"{target.runtime_reserve_bytes / GIB:g} GiB leaves nothing of "

@@ -364,9 +364,10 @@ class SpaceBounds:
 
 
 def interchangeable(axes) -> list[int]:
-    """Each j whose axes j and j + 1 are identical (kind, size, bandwidth, latency)."""
-    return [j for j in range(len(axes) - 1) if (axes[j].kind, axes[j].size, axes[j].bandwidth, axes[j].latency)
-            == (axes[j + 1].kind, axes[j + 1].size, axes[j + 1].bandwidth, axes[j + 1].latency)]
+    """Each j whose axes j and j + 1 are identical (kind, size, bandwidth, latency, closed or a line)."""
+    return [j for j in range(len(axes) - 1)
+            if (axes[j].kind, axes[j].size, axes[j].bandwidth, axes[j].latency, axes[j].closed)
+            == (axes[j + 1].kind, axes[j + 1].size, axes[j + 1].bandwidth, axes[j + 1].latency, axes[j + 1].closed)]
 
 
 def axis_key(active: list[str], axis_divisors: list, j: int, factor_index) -> int:
