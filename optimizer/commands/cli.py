@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) left: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())  # `2>&1 | head`: stderr is the same closed pipe
         return 0
     except Exception as exc:  # a bug: say so in one line; --debug shows the traceback
         if args.debug:
