@@ -25,6 +25,32 @@ EVERY_NTH = (2, 4)
 others not (torchtitan's activation_checkpoint mode "selective" with selective_ac_option "n":
 torchtitan/distributed/activation_checkpoint.py wraps the i-th block when i % n == 0)."""
 RECOMPUTE = ("none", "selective", "mlp", "full") + tuple(f"every-{n}" for n in EVERY_NTH)
+SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""The pipeline schedules trnopt costs (cost/pipeline.py), by the names torch.distributed.pipelining
+gives them (torch/distributed/pipelining/schedules.py ``get_schedule_class``; torchtitan's
+``parallelism.pipeline_parallel_schedule``). 1F1B and GPipe run one stage a rank (interleave 1); the
+V-shaped ZBVZeroBubble and DualPipeV exactly two (interleave 2); the interleaved ones two or more."""
+SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+
+
+def default_schedule(interleave: int) -> str:
+    """The schedule a layout that names none runs: 1F1B, or with interleaved stages Interleaved1F1B
+    (the defaults of torchtitan's and NxD's pipeline code)."""
+    return "1F1B" if interleave == 1 else "Interleaved1F1B"
+
+
+def schedule_problem(schedule: str, interleave: int) -> str | None:
+    """What stops ``schedule`` from running ``interleave`` stages a rank; None when it can."""
+    if schedule not in SCHEDULES:
+        return f"must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
+    if schedule in SINGLE_STAGE_SCHEDULES and interleave != 1:
+        return f"{schedule} runs one stage a rank, not interleave {interleave}"
+    if schedule in V_SCHEDULES and interleave != 2:
+        return f"{schedule} runs exactly two stages a rank (V shape): interleave must be 2, got {interleave}"
+    if schedule not in SINGLE_STAGE_SCHEDULES + V_SCHEDULES and interleave < 2:
+        return f"{schedule} interleaves stages: interleave must be >= 2, got {interleave}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -110,10 +136,17 @@ class Layout:
     replicates across the scale-out network only: dp_replicate is 1 or dp's factor on the
     scale-out axis (the shards stay inside a domain, on its fast links; the replicas
     exchange one shard's gradients over EFA), without expert parallelism."""
+    schedule: str = ""
+    """The pipeline schedule (one of SCHEDULES) when it is not ``default_schedule(interleave)``; ""
+    for that default (a layout given its default by name holds "", so that equal plans compare
+    equal and ``replace(layout, interleave=...)`` keeps the default). ``pipeline_schedule`` names it."""
 
     def __post_init__(self):
         def bad(key: str, rule: str):
             raise InputError("layout", key, rule)
+
+        if self.schedule == default_schedule(self.interleave):
+            object.__setattr__(self, "schedule", "")
 
         for name in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "interleave"):
             if getattr(self, name) < 1:
@@ -133,6 +166,8 @@ class Layout:
             bad("recompute", f"must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.interleave > 1 and self.pp == 1:
             bad("interleave", "interleaved stages need pp > 1")
+        if why := schedule_problem(self.pipeline_schedule, self.interleave):
+            bad("schedule", why)
         ranks = math.prod(a.size for a in self.axes)
         product = self.tp * self.cp * self.dp * self.pp
         if product != ranks:
@@ -152,6 +187,11 @@ class Layout:
         if self.dp_replicate > 1 and self.dp_replicate != hsdp_replicas(self.span("dp")):
             bad("dp_replicate", f"HSDP replicates across the scale-out network: dp_replicate must be 1 or dp's factor "
                 f"on the scale-out axis ({hsdp_replicas(self.span('dp'))}), got {self.dp_replicate}")
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The pipeline schedule the layout runs (one of SCHEDULES)."""
+        return self.schedule or default_schedule(self.interleave)
 
     @property
     def dp_shard(self) -> int:
@@ -227,6 +267,8 @@ class Layout:
         plan = f"{zero}, {self.recompute} recompute, micro-batch {self.micro_batch}"
         if self.interleave > 1:
             plan += f", {self.interleave} interleaved stages"
+        if self.pp > 1 and self.schedule:
+            plan += f", {self.schedule} schedule"
         return f"{' x '.join(parts)} ({plan}, LNC={self.lnc})"
 
     def placement_text(self) -> str:
