@@ -136,6 +136,9 @@ class FrameworkProfile:
     """(workload_problems key, the framework's file that enforces the rule): where each rule comes from."""
     spelling: tuple[tuple[str, str], ...] = ()
     """(``Layout.schedule``, the framework's own name for it) where the two differ."""
+    schedules_refused: tuple[tuple[str, str], ...] = ()
+    """(schedule, why the framework's launch as trnopt writes it cannot run it) for schedules its
+    code names but refuses in that setting."""
 
     @property
     def interleaved(self) -> bool:
@@ -153,6 +156,8 @@ class FrameworkProfile:
             return f"{self.name} runs ZeRO stage(s) {', '.join(map(str, self.zero_stages))}, not ZeRO-{layout.zero}"
         if layout.recompute not in self.recompute:
             return f"{self.name} has no {layout.recompute!r} recomputation"
+        if layout.pp > 1 and (why := dict(self.schedules_refused).get(layout.pipeline_schedule)):
+            return f"{self.name} cannot run {layout.pipeline_schedule}: {why}"
         if layout.pp > 1 and layout.pipeline_schedule not in self.schedules:
             return (f"{self.name} has no {layout.pipeline_schedule} pipeline schedule; it runs {', '.join(self.schedules)} "
                     f"({self.schedule_source})")
@@ -253,9 +258,15 @@ TORCHTITAN = FrameworkProfile(
     # parallelism.pipeline_parallel_schedule (default "1F1B"), any name torch.distributed.pipelining's
     # get_schedule_class knows; single-stage schedules run one stage a rank, ZBVZeroBubble and DualPipeV
     # exactly two ("v schedules assume 2 stages per rank"). LoopedBFS, also accepted, is not costed.
-    schedules=("1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"),
+    # The zero-bubble ones and DualPipeV split the backward and refuse stages built with torch.compile,
+    # which every torchtitan export of trnopt enables (backend "neuron").
+    schedules=("1F1B", "Interleaved1F1B", "GPipe"),
     schedule_source="torchtitan/config/job_config.py pipeline_parallel_schedule; "
                     "torchtitan/distributed/pipeline_parallel.py get_schedule_class, _get_stage_indices",
+    schedules_refused=tuple((name, "PyTorch's schedule refuses stage modules compiled with torch.compile "
+                             "(torch/distributed/pipelining/schedules.py _check_torch_compile_compatibility, "
+                             "torch 2.13), and trnopt's torchtitan export compiles with backend \"neuron\"")
+                            for name in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")),
     hsdp=True,
     rank_order=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
     formats=("torchtitan", "env"),
