@@ -11,7 +11,8 @@ layers of the busiest stage (ceil(L / pp)) and, per collective and span, k its s
 per byte and lambda its fixed seconds (collectives.coefficients):
 
 - compute = m * (L_s dense or MoE layers * layer time[recompute, tp, cp, b(, ep)] + the LM
-  head[tp, cp, b]) + m * a fixed cost per micro-batch, each operation of a layer on the
+  head[tp, cp, b]) + v m fixed costs (one per micro-batch and stage the rank holds: v with
+  interleaved or V-shaped schedules, each stage its own forward and backward), each operation of a layer on the
   chip's engines (compute.py), written as pp L_s * B tp cp t[..] / (R b). Full recompute repeats the forward; selective the attention
   core (Korthikanti et al. 2022, section 5). MFU counts model FLOPs = 6 * active params *
   tokens + 3 * attention forward FLOPs (Narayanan et al., "Efficient Large-Scale Language
@@ -211,7 +212,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
 
     # compute: m micro-batches of the busiest stage's layers (dense and MoE) and the LM head
     # (counted on every stage: the last stage's, on the 1F1B critical path), plus a fixed cost
-    # per micro-batch. Per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py),
+    # per micro-batch and stage the rank holds (v of them). Per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py),
     # with m = B tp cp pp / (R b) substituted so that no factor multiplies m by a function of b
     def per_step(seconds: float, tp: int, cp: int, b: int) -> float:
         return seconds * B * tp * cp / (R * b)
@@ -229,7 +230,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
                             f.table(("recompute", "tp", "cp", "micro_batch", "ep"), moe_layer, "moe_layer_time")))
     parts.append(f.prod(f.decision("pp"), f.table(("tp", "cp", "micro_batch"), lambda tp, cp, b: per_step(
         head_seconds(workload, target, lnc, tp, cp, b), tp, cp, b), "head")))
-    parts.append(f.prod(m, coef=target.efficiency.microbatch_overhead_s))
+    parts.append(f.prod(m, f.decision("interleave"), coef=target.efficiency.microbatch_overhead_s))
     compute = f.add(*parts, name="compute")
 
     @functools.lru_cache(maxsize=None)  # the raw and kept TP tables, and every LNC's model, ask alike
