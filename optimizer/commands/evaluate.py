@@ -19,7 +19,8 @@ from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, 
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
-from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, SCHEDULES, Layout, default_placement, parse_placement
+from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
+from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
 from trnopt.optimizer.frameworks.profile import PROFILES, check_runs
 from trnopt.optimizer.model.layoutfile import problem_dict

@@ -20,7 +20,7 @@ The 34 is 11 (attention) + 19 (a 4h MLP: 2 input + 16 for the two 4h tensors + 1
 back for the paper's models. Context parallelism divides s. The first pipeline stage holds
 the most micro-batches in flight, each holding L/p layers: min(m, p) under 1F1B, times
 (1 + (p-1)/(p*v)) interleaved by v (ibid., section 4.2.3); every schedule's count is in
-cost/pipeline.py ``in_flight``, with its source.
+the docstring of cost/pipeline.py, with its source.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...],
     span dp / dp_replicate ranks), bytes * cp * (P_dense dp + P_expert edp) / R before. Activations: the first stage's A(recompute, tp, cp) * b * L_s * min(m, pp) *
     interleave factor, or the last stage's one micro-batch plus its FP32 logits, whichever is
     larger, plus the working set of a recomputed layer; ZeRO-3 adds its gathered layers. Other
-    schedules hold other counts in flight (pipeline.in_flight): GPipe m, DualPipeV min(2m, 2p+1) / 2.
+    schedules hold other counts in flight (cost/pipeline.py): GPipe m, DualPipeV min(2m, 2p+1) / 2.
     Every kind is per rank times the ranks per chip c; fragmentation is a share of the sum.
     """
     mdl, tr = workload.model, workload.training

@@ -36,7 +36,7 @@ overlap of a forward with a backward chunk (F&B = F + B: trnopt models no such o
 
 from __future__ import annotations
 
-from trnopt.optimizer.model.layout import SCHEDULES, default_schedule
+from trnopt.optimizer.model.schedules import SCHEDULES, default_schedule
 
 INTERLEAVED = ("Interleaved1F1B", "InterleavedZeroBubble")
 

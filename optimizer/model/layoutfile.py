@@ -7,7 +7,8 @@ from pathlib import Path
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.bounds import MAX_DOMAINS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ
 from trnopt.optimizer.model.inputfile import parse_json, read_text
-from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, SCHEDULES, Layout, default_schedule
+from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
+from trnopt.optimizer.model.schedules import SCHEDULES, default_schedule
 from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import Target, check_domains, load_target
 from trnopt.optimizer.model.tomlcheck import Table

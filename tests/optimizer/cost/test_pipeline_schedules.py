@@ -8,7 +8,8 @@ from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.memory import activation_bytes_per_layer, memory_per_chip
 from trnopt.optimizer.cost.steptime import step_terms, step_time
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.layout import SCHEDULES, Layout, default_placement
+from trnopt.optimizer.model.layout import Layout, default_placement
+from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.model.layoutfile import layout_dict, read_layout
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model

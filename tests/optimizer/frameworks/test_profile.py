@@ -9,7 +9,7 @@ import pytest
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.frameworks import profile as P
-from trnopt.optimizer.model.layout import SCHEDULES
+from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.model.placement import rank_map
 from trnopt.optimizer.model.target import load_target
 

@@ -10,7 +10,8 @@ import pytest
 from trnopt.optimizer.cost.memory import memory_per_chip
 from trnopt.optimizer.cost.steptime import step_time
 from trnopt.optimizer.frameworks.profile import PROFILES
-from trnopt.optimizer.model.layout import Layout, default_placement, default_schedule, schedule_problem
+from trnopt.optimizer.model.layout import Layout, default_placement
+from trnopt.optimizer.model.schedules import default_schedule, schedule_problem
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 
