@@ -20,6 +20,7 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
+from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
 from trnopt.optimizer.frameworks.profile import PROFILES, check_runs
 from trnopt.optimizer.model.layoutfile import problem_dict
@@ -45,6 +46,8 @@ def register(sub) -> None:
     p.add_argument("--recompute", default="selective", help=f"{', '.join(RECOMPUTE)} (default selective)")
     p.add_argument("--micro-batch", type=ascii_int, default=1, help="sequences per micro-batch (default 1)")
     p.add_argument("--interleave", type=ascii_int, default=1, help="interleaved stages per pipeline rank (default 1)")
+    p.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1F1B, or "
+                   "Interleaved1F1B with --interleave > 1; ZBVZeroBubble and DualPipeV need --interleave 2)")
     p.add_argument("--lnc", type=ascii_int, help="logical NeuronCore config (default: the target's)")
     p.add_argument("--placement", help='each dimension\'s factors on named axes, e.g. "tp=core4,x4,y4;pp=ring4;dp=efa2" '
                    "(default: TP on the fastest axes, then cp, ep, dp, pp)")
@@ -54,6 +57,7 @@ def register(sub) -> None:
 
 FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "ep": "--ep", "cp": "--cp", "zero": "--zero",
          "recompute": "--recompute", "micro_batch": "--micro-batch", "interleave": "--interleave",
+         "schedule": "--schedule",
          "degrees": "--tp/--pp/--dp/--cp"}
 
 
@@ -66,6 +70,8 @@ def check_layout_flags(args) -> None:
     check_int(args.interleave, "--interleave", 1, bounds.MAX_LAYERS)
     if args.recompute not in RECOMPUTE:
         raise InputError("--recompute", "recompute", f"must be one of {', '.join(RECOMPUTE)}, got {args.recompute!r}")
+    if args.schedule is not None and args.schedule not in SCHEDULES:
+        raise InputError("--schedule", "schedule", f"must be one of {', '.join(SCHEDULES)}, got {args.schedule!r}")
 
 
 def degrees_from_args(args, rows: tuple[tuple[int, ...], ...] | None) -> dict[str, int]:
@@ -120,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                 default_placement(axes, {**deg, "dp": deg["dp"] // deg["ep"]}))
         layout = Layout(tp=deg["tp"], pp=deg["pp"], dp=deg["dp"], ep=deg["ep"], cp=deg["cp"], zero=args.zero,
                         recompute=args.recompute, micro_batch=args.micro_batch, interleave=args.interleave,
-                        lnc=lnc, axes=axes, placement=rows)
+                        schedule=args.schedule or "", lnc=lnc, axes=axes, placement=rows)
     except InputError as exc:
         if exc.source != "layout":
             raise

@@ -17,9 +17,10 @@ norms' inputs, the attention's and MLP's inputs, the two dropout masks) and a fu
 recompute's stored input are not divided by t: s*b*h * (10 + 24/t + 5*a*s/(h*t)).
 The 34 is 11 (attention) + 19 (a 4h MLP: 2 input + 16 for the two 4h tensors + 1 mask) +
 4 (norms); for other MLPs the 16 becomes (6 if gated else 4) * ffn / h, which gives 34
-back for the paper's models. Context parallelism divides s. On the first 1F1B stage
-min(m, p) micro-batches are in flight, each holding L/p layers; interleaving by v adds
-the factor (1 + (p-1)/(p*v)) (ibid., section 4.2.3).
+back for the paper's models. Context parallelism divides s. The first pipeline stage holds
+the most micro-batches in flight, each holding L/p layers: min(m, p) under 1F1B, times
+(1 + (p-1)/(p*v)) interleaved by v (ibid., section 4.2.3); every schedule's count is in
+the docstring of cost/pipeline.py, with its source.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import math
 from dataclasses import dataclass, fields
 
 from trnopt.optimizer.cost import factors as f
+from trnopt.optimizer.cost.pipeline import interleave_factor, resolve, tree_schedule
 from trnopt.optimizer.model.layout import Layout, every_nth, hsdp_replicas, recompute_mix
 from trnopt.optimizer.model.target import GIB, Axis, Target
 from trnopt.optimizer.model.workload import Model, Workload
@@ -130,12 +132,6 @@ def layers_per_stage(workload: Workload, layout: Layout) -> int:
     return math.ceil(workload.model.layers / layout.pp)
 
 
-def interleave_factor(pp: int, v: int) -> tuple[int, int]:
-    """(numerator, denominator) of 1 + (p-1)/(p v), the activations interleaving adds on the
-    first stage (Korthikanti et al. 2022, section 4.2.3); 1 without interleaving."""
-    return (pp * v + pp - 1, pp * v) if v > 1 else (1, 1)
-
-
 @dataclass(frozen=True)
 class Memory:
     """Bytes per chip by kind; ``total`` includes the runtime reserve and the fragmentation allowance."""
@@ -172,8 +168,10 @@ FRAGMENTATION_DIVISOR = 20  # 1/20 = 5%: a division keeps the solver's products 
 KINDS = tuple(fl.name for fl in fields(Memory))
 
 
-def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> dict[str, f.Expr]:
-    """Every Memory kind as a tree of factors (factors.py), for layouts on ``axes``.
+def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...],
+                 schedule: str | None = None) -> dict[str, f.Expr]:
+    """Every Memory kind as a tree of factors (factors.py), for layouts on ``axes`` running the
+    pipeline ``schedule`` (None: ``default_schedule`` of each interleave, as the search's layouts).
 
     A rank holds P_dense / (tp pp) = P_dense dp cp / R dense and P_expert edp cp / R expert
     parameters (R ranks), and E(tp) dp cp / R replicated K/V ones past the KV head count
@@ -181,7 +179,8 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
     bytes * cp * (P_dense + P_expert) / R from then (times dp_replicate under HSDP, whose shards
     span dp / dp_replicate ranks), bytes * cp * (P_dense dp + P_expert edp) / R before. Activations: the first stage's A(recompute, tp, cp) * b * L_s * min(m, pp) *
     interleave factor, or the last stage's one micro-batch plus its FP32 logits, whichever is
-    larger, plus the working set of a recomputed layer; ZeRO-3 adds its gathered layers.
+    larger, plus the working set of a recomputed layer; ZeRO-3 adds its gathered layers. Other
+    schedules hold other counts in flight (cost/pipeline.py): GPipe m, DualPipeV min(2m, 2p+1) / 2.
     Every kind is per rank times the ranks per chip c; fragmentation is a share of the sum.
     """
     mdl, tr = workload.model, workload.training
@@ -210,12 +209,21 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
     layers = f.count("pp", lambda p: math.ceil(mdl.layers / p), "layers")
     per_layer = f.table(("recompute", "tp", "cp"),
                         lambda rc, tp, cp: activation_bytes_per_layer(workload, tp, cp, 1, rc), "activations_per_layer")
-    in_flight = f.minimum(f.decision("micro_batches"), pp, name="in_flight")
+    m = f.decision("micro_batches")
+    halves = 2 if schedule == "DualPipeV" else 1  # DualPipeV counts half a rank's layers a stage
+    if schedule == "GPipe":  # every forward before any backward
+        in_flight = m
+    elif schedule == "DualPipeV":  # min(2m, 2p + 1) stages' micro-batches, halved below
+        in_flight = f.minimum(f.count("micro_batches", lambda n: 2 * n, "twice_micro_batches"),
+                              f.count("pp", lambda p: 2 * p + 1, "dualpipev_cap"), name="in_flight")
+    else:
+        in_flight = f.minimum(m, pp, name="in_flight")
     interleave = ("pp", "interleave")
     first = f.ratio(
-        f.prod(per_layer, b, layers, in_flight, f.count(interleave, lambda p, v: interleave_factor(p, v)[0],
-                                                        "interleave_num"), coef=c),
-        f.count(interleave, lambda p, v: interleave_factor(p, v)[1], "interleave_den"), name="first_stage")
+        f.prod(per_layer, b, layers, in_flight, f.count(interleave, lambda p, v: interleave_factor(
+            resolve(schedule, v), p, v)[0], "interleave_num"), coef=c),
+        f.count(interleave, lambda p, v: halves * interleave_factor(resolve(schedule, v), p, v)[1], "interleave_den"),
+        name="first_stage")
     last = f.add(f.prod(per_layer, b, layers, coef=c),
                  f.prod(f.table(("tp", "cp"), lambda tp, cp: logits_bytes(workload, tp, cp, 1), "logits"), b, coef=c),
                  name="last_stage")
@@ -235,7 +243,7 @@ def memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...]) -> 
 
 def memory_per_chip(workload: Workload, layout: Layout, target: Target) -> Memory:
     """Per-chip memory: ranks_per_chip times one rank's share, plus the runtime reserve."""
-    terms = memory_terms(workload, target, layout.axes)
+    terms = memory_terms(workload, target, layout.axes, tree_schedule(layout))
     point = f.decisions(layout, workload)
     return Memory(**{kind: terms[kind].value(point) for kind in KINDS})
 

@@ -11,7 +11,8 @@ layers of the busiest stage (ceil(L / pp)) and, per collective and span, k its s
 per byte and lambda its fixed seconds (collectives.coefficients):
 
 - compute = m * (L_s dense or MoE layers * layer time[recompute, tp, cp, b(, ep)] + the LM
-  head[tp, cp, b]) + m * a fixed cost per micro-batch, each operation of a layer on the
+  head[tp, cp, b]) + v m fixed costs (one per micro-batch and stage the rank holds: v with
+  interleaved or V-shaped schedules, each stage its own forward and backward), each operation of a layer on the
   chip's engines (compute.py), written as pp L_s * B tp cp t[..] / (R b). Full recompute repeats the forward; selective the attention
   core (Korthikanti et al. 2022, section 5). MFU counts model FLOPs = 6 * active params *
   tokens + 3 * attention forward FLOPs (Narayanan et al., "Efficient Large-Scale Language
@@ -35,9 +36,12 @@ per byte and lambda its fixed seconds (collectives.coefficients):
 - EP: per MoE layer and micro-batch, dispatch and combine all-to-all forward and
   backward (4; 6 with full recompute) of the rank's tokens x top-k x h:
       n M_s pp * B s top_k h a k / R  +  n M_s * m * lambda   (M_s MoE layers per stage).
-- Pipeline sends (1F1B): one activation forward and one gradient backward per
-  micro-batch and virtual stage: v * (2 B pp s h a k / R  +  2 m lambda).
-- Bubble: (pp - 1) / (v m) * W (Narayanan et al. 2021, interleaved 1F1B).
+- Pipeline sends: one activation forward and one gradient backward per micro-batch and
+  stage a rank holds, timed by the p2p coefficients of the pipeline group's span (its
+  hop class: the link the pipeline dimension crosses): v * (2 B pp s h a k / R  +  2 m lambda).
+- Bubble: num / (den m) * W by the layout's schedule (pipeline.bubble_num, bubble_den: 1F1B and
+  GPipe (pp - 1) / m, Interleaved1F1B (pp - 1) / (v m), Narayanan et al. 2021; the zero-bubble
+  schedules and DualPipeV after Qi et al. 2023 and DeepSeek-AI 2024; sources in pipeline.py).
 - DP: one gradient all-reduce per step (ZeRO-1/2: reduce-scatter + all-gather, the same
   bytes; ZeRO-3: none, its reduce-scatters run per micro-batch), the dense gradients over ep x edp and the
   experts' over edp: cp * P g n k / R + lambda per group (n the group's size), overlapped
@@ -78,6 +82,7 @@ from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.compute import FP32, head_seconds, layer_time
 from trnopt.optimizer.cost.memory import kv_replica_params
 from trnopt.optimizer.cost.overlap import shape_class, tp_hidden
+from trnopt.optimizer.cost.pipeline import bubble_den, bubble_num, tree_schedule
 from trnopt.optimizer.model.layout import Layout, full_layers, hsdp_spans, recompute_mix
 from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
@@ -154,9 +159,10 @@ def _span_size(span) -> int:
 
 
 def step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
-               overlap: Mapping[str, float] | None) -> dict[str, f.Expr]:
-    """Every StepTime term as a tree of factors, for layouts on ``axes`` at ``lnc``."""
-    return _step_terms(workload, target, axes, lnc, _Hashable(overlap))
+               overlap: Mapping[str, float] | None, schedule: str | None = None) -> dict[str, f.Expr]:
+    """Every StepTime term as a tree of factors, for layouts on ``axes`` at ``lnc`` running the
+    pipeline ``schedule`` (None: ``default_schedule`` of each interleave, as the search's layouts)."""
+    return _step_terms(workload, target, axes, lnc, _Hashable(overlap), schedule)
 
 
 class _Hashable:
@@ -174,7 +180,7 @@ class _Hashable:
 
 @lru_cache(maxsize=64)
 def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
-                overlap_key: _Hashable) -> dict[str, f.Expr]:
+                overlap_key: _Hashable, schedule: str | None) -> dict[str, f.Expr]:
     # One function of ~170 lines on purpose: every term is a tree over the same local
     # quantities (R, c, B, s, h, a, m, the runtime), and read in order it is the module
     # docstring's list; split, each piece would take those eight names as arguments.
@@ -206,7 +212,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
 
     # compute: m micro-batches of the busiest stage's layers (dense and MoE) and the LM head
     # (counted on every stage: the last stage's, on the 1F1B critical path), plus a fixed cost
-    # per micro-batch. Per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py),
+    # per micro-batch and stage the rank holds (v of them). Per-layer times by (recompute, tp, cp, micro-batch[, ep]) (compute.py),
     # with m = B tp cp pp / (R b) substituted so that no factor multiplies m by a function of b
     def per_step(seconds: float, tp: int, cp: int, b: int) -> float:
         return seconds * B * tp * cp / (R * b)
@@ -224,7 +230,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
                             f.table(("recompute", "tp", "cp", "micro_batch", "ep"), moe_layer, "moe_layer_time")))
     parts.append(f.prod(f.decision("pp"), f.table(("tp", "cp", "micro_batch"), lambda tp, cp, b: per_step(
         head_seconds(workload, target, lnc, tp, cp, b), tp, cp, b), "head")))
-    parts.append(f.prod(m, coef=target.efficiency.microbatch_overhead_s))
+    parts.append(f.prod(m, f.decision("interleave"), coef=target.efficiency.microbatch_overhead_s))
     compute = f.add(*parts, name="compute")
 
     @functools.lru_cache(maxsize=None)  # the raw and kept TP tables, and every LNC's model, ask alike
@@ -286,8 +292,11 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         f.prod(m, f.table("span.pp", lambda sp: 2 * fixed("p2p", sp), "pp_lat"))), name="pp_send")
 
     work = f.add(compute, tp, cp, ep, pp_send, name="work")
-    bubble = f.ratio(f.prod(f.count("pp", lambda pp: pp - 1, "pp_minus_1"), work),
-                     f.prod(f.decision("interleave"), m), name="pp_bubble")
+    # bubble: num(pp) / (den(v) m) * W; the default schedules' den is v itself
+    den = f.decision("interleave") if schedule is None else f.count(
+        "interleave", lambda v: bubble_den(schedule, v), "bubble_den")
+    bubble = f.ratio(f.prod(f.count("pp", lambda pp: bubble_num(schedule, pp), "bubble_num"), work),
+                     f.prod(den, m), name="pp_bubble")
 
     # DP: gradients of dense weights over span.dp (ep x edp), of experts over span.edp
     experts = mdl.expert_params()
@@ -375,6 +384,6 @@ def step_time(workload: Workload, layout: Layout, target: Target,
     measured table (overlap.OverlapTable, by TP degree and link class) or a plain
     mapping link class -> fraction; what it does not cover hides nothing.
     """
-    terms = step_terms(workload, target, layout.axes, layout.lnc, overlap)
+    terms = step_terms(workload, target, layout.axes, layout.lnc, overlap, tree_schedule(layout))
     point = f.decisions(layout, workload)
     return StepTime(**{name: terms[name].value(point) for name in TERMS})

@@ -117,12 +117,10 @@ class FrameworkProfile:
     recompute: tuple[str, ...]
     """``Layout.recompute`` values it runs ("none", "selective", "full")."""
     schedules: tuple[str, ...]
-    """Names of the pipeline schedules it offers (the framework's spelling)."""
-    plain_schedule: str
-    """The schedule trnopt's cost model describes for ``Layout.interleave == 1`` (1F1B)."""
-    interleaved_schedule: str | None
-    """The schedule it describes for ``Layout.interleave > 1`` (interleaved 1F1B); None: not offered,
-    and the search must keep interleave at 1."""
+    """The pipeline schedules its code accepts that trnopt costs (``Layout.schedule`` names, the
+    torch.distributed.pipelining spelling; layout.SCHEDULES), named in ``schedule_source``."""
+    schedule_source: str
+    """The framework's file (or document) that accepts those schedules."""
     hsdp: bool
     """Whether ``Layout.dp_replicate > 1`` (HSDP: shards replicated across groups) is allowed."""
     rank_order: tuple[str, ...]
@@ -134,19 +132,20 @@ class FrameworkProfile:
     receives them as ``Problem.rules``."""
     sources: tuple[tuple[str, str], ...] = ()
     """(workload_problems key, the framework's file that enforces the rule): where each rule comes from."""
+    spelling: tuple[tuple[str, str], ...] = ()
+    """(``Layout.schedule``, the framework's own name for it) where the two differ."""
+    schedules_refused: tuple[tuple[str, str], ...] = ()
+    """(schedule, why the framework's launch as trnopt writes it cannot run it) for schedules its
+    code names but refuses in that setting."""
 
     @property
     def interleaved(self) -> bool:
         """Whether it runs interleaved (virtual) pipeline stages (``Layout.interleave > 1``)."""
-        return self.interleaved_schedule is not None
+        return "Interleaved1F1B" in self.schedules
 
     def schedule(self, layout: Layout) -> str:
-        """The framework's name of the pipeline schedule the layout was costed with."""
-        if layout.interleave > 1:
-            if self.interleaved_schedule is None:
-                raise ValueError(f"{self.name} has no interleaved schedule")
-            return self.interleaved_schedule
-        return self.plain_schedule
+        """The framework's name of the layout's pipeline schedule (the one it was costed with)."""
+        return dict(self.spelling).get(layout.pipeline_schedule, layout.pipeline_schedule)
 
     def supports(self, layout: Layout, workload: Workload) -> str | None:
         """None when the framework runs the layout on this workload (placement aside), else the first
@@ -155,6 +154,11 @@ class FrameworkProfile:
             return f"{self.name} runs ZeRO stage(s) {', '.join(map(str, self.zero_stages))}, not ZeRO-{layout.zero}"
         if layout.recompute not in self.recompute:
             return f"{self.name} has no {layout.recompute!r} recomputation"
+        if layout.pp > 1 and (why := dict(self.schedules_refused).get(layout.pipeline_schedule)):
+            return f"{self.name} cannot run {layout.pipeline_schedule}: {why}"
+        if layout.pp > 1 and layout.pipeline_schedule not in self.schedules:
+            return (f"{self.name} has no {layout.pipeline_schedule} pipeline schedule; it runs {', '.join(self.schedules)} "
+                    f"({self.schedule_source})")
         if layout.interleave > 1 and not self.interleaved:
             return f"{self.name} has no interleaved pipeline schedule (interleave {layout.interleave})"
         if layout.dp_replicate > 1 and not self.hsdp:
@@ -249,11 +253,18 @@ TORCHTITAN = FrameworkProfile(
     # activation_checkpoint.mode none | selective | full; selective is selective_ac_option "op"
     # (torchtitan/distributed/activation_checkpoint.py) or "n" for every n-th layer (every-n).
     recompute=("none", "selective", "full", *(f"every-{n}" for n in EVERY_NTH)),
-    # parallelism.pipeline_parallel_schedule (torch.distributed.pipelining schedules)
-    schedules=("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-               "DualPipeV"),
-    plain_schedule="1F1B",
-    interleaved_schedule="Interleaved1F1B",
+    # parallelism.pipeline_parallel_schedule (default "1F1B"), any name torch.distributed.pipelining's
+    # get_schedule_class knows; single-stage schedules run one stage a rank, ZBVZeroBubble and DualPipeV
+    # exactly two ("v schedules assume 2 stages per rank"). LoopedBFS, also accepted, is not costed.
+    # The zero-bubble ones and DualPipeV split the backward and refuse stages built with torch.compile,
+    # which every torchtitan export of trnopt enables (backend "neuron").
+    schedules=("1F1B", "Interleaved1F1B", "GPipe"),
+    schedule_source="torchtitan/config/job_config.py pipeline_parallel_schedule; "
+                    "torchtitan/distributed/pipeline_parallel.py get_schedule_class, _get_stage_indices",
+    schedules_refused=tuple((name, "PyTorch's schedule refuses stage modules compiled with torch.compile "
+                             "(torch/distributed/pipelining/schedules.py _check_torch_compile_compatibility, "
+                             "torch 2.13), and trnopt's torchtitan export compiles with backend \"neuron\"")
+                            for name in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")),
     hsdp=True,
     rank_order=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
     formats=("torchtitan", "env"),
@@ -267,9 +278,10 @@ NXD = FrameworkProfile(
     version="NeuronX Distributed Training (Neuron SDK 2.29, legacy)",
     zero_stages=(0, 1),                          # distributed_strategy.zero1 (optimizer state sharded over DP)
     recompute=("none", "selective", "full"),     # model.activations_checkpoint_granularity null | selective | full
-    schedules=("1F1B", "interleaved 1F1B"),      # virtual_pipeline_model_parallel_size > 1 interleaves
-    plain_schedule="1F1B",
-    interleaved_schedule="interleaved 1F1B",
+    schedules=("1F1B", "Interleaved1F1B"),       # virtual_pipeline_model_parallel_size > 1 interleaves
+    schedule_source="NxD Training features (\"1F1B pipeline schedule\", \"Interleave pipeline schedule\"); "
+                    "distributed_strategy.virtual_pipeline_model_parallel_size",
+    spelling=(("Interleaved1F1B", "interleaved 1F1B"),),
     hsdp=False,
     rank_order=("pp", "dp", "tp"),
     formats=("nxd", "env"),

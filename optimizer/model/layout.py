@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
+from trnopt.optimizer.model.schedules import default_schedule, schedule_problem
 from trnopt.optimizer.model.target import Axis
 from trnopt.optimizer.model.workload import Model, Workload
 
@@ -25,8 +26,6 @@ EVERY_NTH = (2, 4)
 others not (torchtitan's activation_checkpoint mode "selective" with selective_ac_option "n":
 torchtitan/distributed/activation_checkpoint.py wraps the i-th block when i % n == 0)."""
 RECOMPUTE = ("none", "selective", "mlp", "full") + tuple(f"every-{n}" for n in EVERY_NTH)
-
-
 @dataclass(frozen=True)
 class Rules:
     """The structural rules a training framework's code puts on a layout, beyond the model's own.
@@ -110,10 +109,17 @@ class Layout:
     replicates across the scale-out network only: dp_replicate is 1 or dp's factor on the
     scale-out axis (the shards stay inside a domain, on its fast links; the replicas
     exchange one shard's gradients over EFA), without expert parallelism."""
+    schedule: str = ""
+    """The pipeline schedule (one of SCHEDULES) when it is not ``default_schedule(interleave)``; ""
+    for that default (a layout given its default by name holds "", so that equal plans compare
+    equal and ``replace(layout, interleave=...)`` keeps the default). ``pipeline_schedule`` names it."""
 
     def __post_init__(self):
         def bad(key: str, rule: str):
             raise InputError("layout", key, rule)
+
+        if self.schedule == default_schedule(self.interleave):
+            object.__setattr__(self, "schedule", "")
 
         for name in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "interleave"):
             if getattr(self, name) < 1:
@@ -133,6 +139,8 @@ class Layout:
             bad("recompute", f"must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.interleave > 1 and self.pp == 1:
             bad("interleave", "interleaved stages need pp > 1")
+        if why := schedule_problem(self.pipeline_schedule, self.interleave):
+            bad("schedule", why)
         ranks = math.prod(a.size for a in self.axes)
         product = self.tp * self.cp * self.dp * self.pp
         if product != ranks:
@@ -152,6 +160,11 @@ class Layout:
         if self.dp_replicate > 1 and self.dp_replicate != hsdp_replicas(self.span("dp")):
             bad("dp_replicate", f"HSDP replicates across the scale-out network: dp_replicate must be 1 or dp's factor "
                 f"on the scale-out axis ({hsdp_replicas(self.span('dp'))}), got {self.dp_replicate}")
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The pipeline schedule the layout runs (one of SCHEDULES)."""
+        return self.schedule or default_schedule(self.interleave)
 
     @property
     def dp_shard(self) -> int:
@@ -227,6 +240,8 @@ class Layout:
         plan = f"{zero}, {self.recompute} recompute, micro-batch {self.micro_batch}"
         if self.interleave > 1:
             plan += f", {self.interleave} interleaved stages"
+        if self.pp > 1 and self.schedule:
+            plan += f", {self.schedule} schedule"
         return f"{' x '.join(parts)} ({plan}, LNC={self.lnc})"
 
     def placement_text(self) -> str:

@@ -9,6 +9,7 @@ from trnopt.optimizer.model.bounds import MAX_DOMAINS, MAX_GLOBAL_BATCH, MAX_LAY
 from trnopt.optimizer.model.inputfile import parse_json, read_text
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout
 from trnopt.optimizer.model.partial import parse_names, with_instances
+from trnopt.optimizer.model.schedules import SCHEDULES, default_schedule
 from trnopt.optimizer.model.scale import check_scale
 from trnopt.optimizer.model.target import Target, check_domains, load_target
 from trnopt.optimizer.model.tomlcheck import Table
@@ -22,7 +23,8 @@ def layout_dict(layout: Layout) -> dict:
     return {
         "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp": layout.cp,
         "zero": layout.zero, "recompute": layout.recompute, "micro_batch": layout.micro_batch,
-        "interleave": layout.interleave, "lnc": layout.lnc, "dp_replicate": layout.dp_replicate,
+        "interleave": layout.interleave, "schedule": layout.pipeline_schedule, "lnc": layout.lnc,
+        "dp_replicate": layout.dp_replicate,
         "placement": {d: {a.name: f for a, f in zip(layout.axes, row) if f > 1}
                       for d, row in zip(DIMS, layout.placement)},
     }
@@ -105,6 +107,9 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
                   micro_batch=lay.int("micro_batch", maximum=MAX_GLOBAL_BATCH),
                   interleave=lay.int("interleave", 1, maximum=MAX_LAYERS),
                   dp_replicate=lay.int("dp_replicate", 1, **degree))
+    # files written before the schedule was recorded ran the frameworks' default (1F1B, or
+    # Interleaved1F1B with interleaved stages: torchtitan's and NxD's)
+    kwargs["schedule"] = lay.choice("schedule", SCHEDULES, default_schedule(kwargs["interleave"]))
     problem.check_unknown()
     lay.check_unknown()
     try:

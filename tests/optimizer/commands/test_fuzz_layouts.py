@@ -41,14 +41,15 @@ def test_mutated_layout_files(tmp_path_factory, i, value, kind):
     parent, key = at(data, path), path[-1]
     bad = True
     if kind == "value":
-        bad = key in INT_KEYS or path[-2] in ("tp", "cp", "ep", "dp", "pp") or key in ("target", "model", "recompute")
+        bad = key in INT_KEYS or path[-2] in ("tp", "cp", "ep", "dp", "pp") or key in ("target", "model", "recompute",
+                                                                                  "schedule")
         bad = bad and not (value == 0 and key == "zero")
         parent[key] = value
     elif kind == "add":
         parent[str(key) + "s"] = 1
     else:
         del parent[key]
-        bad = key not in ("ep", "cp", "interleave", "dp_replicate", "seq", "global_batch")
+        bad = key not in ("ep", "cp", "interleave", "schedule", "dp_replicate", "seq", "global_batch")
     broken = tmp / "broken.json"
     broken.write_text(json.dumps(data))
     for command in (["map", "--layout", broken], ["check-map", "--layout", broken, "--rank-map", tmp / "none.csv"]):

@@ -9,6 +9,7 @@ import pytest
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.frameworks import profile as P
+from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.model.placement import rank_map
 from trnopt.optimizer.model.target import load_target
 
@@ -31,7 +32,8 @@ def test_profiles_are_frozen_and_named():
 def test_torchtitan_runs_fsdp_with_hsdp_and_its_schedules():
     tt = P.TORCHTITAN
     assert tt.zero_stages == (3,) and tt.hsdp and tt.interleaved and {"every-2", "every-4"} <= set(tt.recompute)
-    assert {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"} <= set(tt.schedules)
+    assert {"1F1B", "Interleaved1F1B"} <= set(tt.schedules)
+    assert {"ZBVZeroBubble", "DualPipeV"} <= {s for s, _ in tt.schedules_refused}  # under torch.compile
     t, lay = llama405b_trn2u_x2()
     assert tt.supports(lay, W405) is None
     assert tt.schedule(lay) == "1F1B"
@@ -55,8 +57,24 @@ def test_schedule_names_follow_interleave():
     assert P.TORCHTITAN.schedule(lay) == "Interleaved1F1B"
     assert P.NXD.schedule(lay) == "interleaved 1F1B"
     assert P.TORCHTITAN.schedule(replace(lay, interleave=1)) == "1F1B"
-    no_interleave = replace(P.NXD, interleaved_schedule=None)
-    assert "interleaved" in no_interleave.supports(replace(lay, zero=1), W405)
+    no_interleave = replace(P.NXD, schedules=("1F1B",))
+    assert "no Interleaved1F1B pipeline schedule" in no_interleave.supports(replace(lay, zero=1), W405)
+
+
+def test_each_framework_runs_the_schedules_its_code_names():
+    t = load_target("trn2u")
+    lay = build(t, 1, {"tp": {"core": 4}, "dp": {"x": 4, "y": 4}, "pp": {"ring": 4}}, interleave=2)
+    for name in ("ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"):
+        split = replace(lay, schedule=name)
+        assert P.TORCHTITAN.schedule(split) == name
+        assert "_check_torch_compile_compatibility" in P.TORCHTITAN.supports(split, W405)
+        why = P.NXD.supports(replace(split, zero=1), W405)
+        assert why.startswith(f"nxd has no {name} pipeline schedule") and "virtual_pipeline" in why
+    gpipe = replace(lay, interleave=1, schedule="GPipe")
+    assert P.TORCHTITAN.schedule(gpipe) == "GPipe" and P.TORCHTITAN.supports(gpipe, W405) is None
+    assert "GPipe" in P.NXD.supports(replace(gpipe, zero=1), W405)
+    named = set(P.TORCHTITAN.schedules) | {s for s, _ in P.TORCHTITAN.schedules_refused}
+    assert named == set(SCHEDULES) and "pipeline_parallel.py" in P.TORCHTITAN.schedule_source
 
 
 @pytest.mark.parametrize("shape", [llama405b_trn2u_x2, deepseek_trn3_gen2, llama8b_trn2])

@@ -120,3 +120,16 @@ def test_solve_refuses_a_format_the_framework_cannot_run(capsys):
     assert err.count("\n") == 1 and "torchtitan cannot run --format nxd" in err
     assert main(["solve", "--framework", "nxd", "--zero-stages", "3", "--format", "env"]) == 2
     assert "nxd runs ZeRO stage(s) 0, 1" in capsys.readouterr().err
+
+
+def test_the_export_writes_the_schedule_the_layout_carries():
+    target, _ = llama405b_trn2u_x2()
+    workload = Workload(load_model("llama3-70b"), Training(seq=8192, global_batch=256))
+    plain = build(target, 1, {"tp": {"core": 4}, "dp": {"x": 4, "y": 4}, "pp": {"ring": 4}})
+    gpipe = replace(plain, schedule="GPipe")
+    text = T.job_toml(workload, target, gpipe)
+    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == "GPipe" and "WARNING" not in text
+    zbv = replace(plain, interleave=2, schedule="ZBVZeroBubble")
+    text = T.job_toml(workload, target, zbv)
+    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    assert "# WARNING: torchtitan cannot run ZBVZeroBubble" in text and "torch.compile" in text
