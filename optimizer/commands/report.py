@@ -8,7 +8,7 @@ from trnopt.optimizer.cost.calibration import step_band
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
 from trnopt.optimizer.model.placement import instance_table, rank_map_summary, tp_summary
-from trnopt.optimizer.search.driver import SearchResult
+from trnopt.optimizer.search.driver import SearchResult, change_text
 from trnopt.optimizer.model.target import GIB, Target
 
 STEP_TERMS = (("compute", "compute"), ("tp", "TP communication (exposed)"), ("cp", "CP communication"),
@@ -46,8 +46,16 @@ def no_overlap_dict(answer: NoOverlapAnswer) -> dict:
             "status": answer.status, "chosen_layout_step_time_s": answer.chosen.step.total}
 
 
-def lnc_lines(lnc: int) -> list[str]:
-    """The two settings that must agree (Neuron LNC docs)."""
+def neuron_target(target: Target) -> bool:
+    """True when the Neuron runtime runs the target's collectives (a Trainium machine): only
+    then do the Neuron runtime and compiler settings apply."""
+    return target.scale_out.collectives == "neuron"
+
+
+def lnc_lines(lnc: int, target: Target) -> list[str]:
+    """The two settings that must agree (Neuron LNC docs); none for a GPU target."""
+    if not neuron_target(target):
+        return []
     return [f"LNC={lnc}: runtime NEURON_LOGICAL_NC_CONFIG={lnc}; compiler --logical-nc-config={lnc}"]
 
 
@@ -55,7 +63,7 @@ def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
     lay, mem, step = e.layout, e.memory, e.step
     out = [f"layout: {lay.describe()}",
            f"placement: {lay.placement_text() or 'all on one rank'}",
-           *lnc_lines(lay.lnc),
+           *lnc_lines(lay.lnc, target),
            f"ranks: {lay.ranks} logical cores on {lay.chips} chips ({lay.ranks_per_chip} per chip), "
            f"{lay.domains} domain(s) of {target.name}",
            "",
@@ -145,9 +153,8 @@ def solve_text(result: SearchResult, no_overlap: NoOverlapAnswer | None = None) 
         out += ["", "next best layouts (other degrees, against the chosen one):"]
         base = e.step.total
         for r in result.runners_up:
-            d = 100 * (r.step.total / base - 1)
             out.append(f"  {r.layout.describe()} [{r.layout.placement_text()}]: {r.step.total:.3f} s/step, "
-                       f"{'slower' if d >= 0 else 'faster'} by {abs(d):.1f}%")
+                       f"{change_text(r.step.total / base)}")
     if result.runners_up_cut:
         out.append("  (the runner-up search's deterministic budget ended before every runner-up asked for)")
     if result.alternatives:
@@ -169,14 +176,14 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
     if result.fastest is not None and result.fastest.layout != e.layout:
         slower = p.score(e) / p.score(result.fastest) - 1
         out.append(f"robust choice: this layout, not the fastest modelled, {result.fastest.layout.describe()} "
-                   f"[{result.fastest.layout.placement_text()}], which models {100 * slower:.2g}% faster, within the "
+                   f"[{result.fastest.layout.placement_text()}], which models {100 * slower:.1f}% faster, within the "
                    f"{u:.0%} uncertainty; this layout keeps TP on faster links (inside a chip first) and more headroom")
     elif result.robust_skipped:
         out.append(f"robust choice: not settled (the time limit stopped it); "
                    f"this is the fastest layout found, without regard to the {u:.0%} uncertainty")
     elif u > 0 and result.runners_up and p.score(result.runners_up[0]) <= p.score(e) * (1 + u):
         out.append(f"near-tie: the next best layout is within the {u:.0%} uncertainty "
-                   f"({100 * (p.score(result.runners_up[0]) / p.score(e) - 1):.2g}% slower)")
+                   f"({100 * (p.score(result.runners_up[0]) / p.score(e) - 1):.1f}% slower)")
     return [""] + out if out else []
 
 
@@ -196,7 +203,8 @@ def solve_dict(result: SearchResult, problem_info: dict, no_overlap: NoOverlapAn
         "space_size": result.space_size,
         "layout": layout_dict(e.layout),
         **e.as_dict(),
-        "lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc},
+        **({"lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc}}
+           if neuron_target(result.problem.target) else {}),
         "rank_map": rank_map_summary(e.layout, result.problem.target),
         "runners_up": [evaluation_dict(r) for r in result.runners_up],
         "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}
