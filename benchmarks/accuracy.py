@@ -77,7 +77,8 @@ def held_out_set() -> None:
     """The H100 rows: every one a prediction of the A100 fit carried to the h100 target."""
     target = load_target("h100")
     print(f"\nh100 published runs (never fitted; efficiency {target.efficiency.fitted_on})")
-    print(f"{'row':62s} {'published s':>11s} {'model s':>9s} {'error':>8s} {'GiB':>6s} {'fits':>5s}")
+    print(f"{'row':62s} {'published s':>11s} {'model s':>9s} {'error':>8s} {'GiB':>6s} {'pub GiB':>7s} "
+          f"{'HBM GiB':>7s} {'fits':>5s}")
     errors = []
     for case in h100_cases():
         try:
@@ -87,8 +88,9 @@ def held_out_set() -> None:
             continue
         errors.append(r.error)
         ev = r.evaluation
+        published = f"{case.published_gib:7.1f}" if case.published_gib is not None else f"{'-':>7s}"
         print(f"{r.label:62s} {r.published_s:11.2f} {ev.step.total:9.2f} {r.error:+8.1%} "
-              f"{ev.memory.total / GIB:6.1f} {str(ev.fits):>5s}")
+              f"{ev.memory.total / GIB:6.1f} {published} {case.hbm[0] / GIB:7.1f} {str(ev.fits):>5s}")
     if errors:
         print(f"held-out: {_verdict(errors, 'h100')} over {len(errors)} rows")
 

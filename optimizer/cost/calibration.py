@@ -80,8 +80,15 @@ class Case:
     workload: Workload
     layout_of: object  # Target -> Layout
     published_s: float
+    hbm: tuple[float, float] | None = None
+    """(bytes, bytes/s) of the HBM the run's accelerator had, when it differs from the target's part."""
+    published_gib: float | None = None
+    """Peak memory per accelerator the source publishes (GiB), or None."""
 
     def row(self, target: Target) -> Row:
+        if self.hbm is not None:
+            target = dataclasses.replace(target, chip=dataclasses.replace(
+                target.chip, hbm_bytes=self.hbm[0], hbm_bandwidth=self.hbm[1]))
         layout = self.layout_of(target)
         # the published runs hid no TP communication: no overlap table
         problem = Problem(self.workload, target, layout.domains, overlap={})
@@ -136,7 +143,8 @@ def _csv_rows(name: str) -> list[dict[str, str]]:
 def h100_cases() -> list[Case]:
     """The rows of targets/measured/h100-published.csv, in Megatron's rank order (tp, cp, dp, pp).
 
-    A row's published step is ``global_batch * seq / (tokens/s per GPU * GPUs)``, or for a
+    Each row is scored on the h100 target with the HBM (capacity, bandwidth) of the GPU it ran on
+    (the file's hbm_gb, hbm_tbs). A row's published step is ``global_batch * seq / (tokens/s per GPU * GPUs)``, or for a
     TFLOPs-per-GPU row ``model_flops / (TFLOPs * 1e12 * GPUs)`` with trnopt's FLOP count
     (``steptime.model_flops``), as the file's header says.
     """
@@ -157,7 +165,8 @@ def h100_cases() -> list[Case]:
                           micro_batch=micro, interleave=interleave,
                           placement=default_placement(axes, {"tp": tp, "cp": cp, "dp": dp, "pp": pp}))
         label = f"{r['model']} {gpus} GPUs tp{tp} pp{pp} cp{cp} dp{dp} {r['framework']} {r['date']}"
-        out.append(Case(label, workload, layout_of, published))
+        out.append(Case(label, workload, layout_of, published, hbm=(float(r["hbm_gb"]) * 1e9, float(r["hbm_tbs"]) * 1e12),
+                        published_gib=float(r["memory_gib"]) if r["memory_gib"] else None))
     return out
 
 
