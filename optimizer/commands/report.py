@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trnopt.optimizer.cost.calibration import step_band
+from trnopt.optimizer.cost.calibration import held_out_mean, step_band
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
 from trnopt.optimizer.model.placement import instance_table, rank_map_summary, tp_summary
@@ -59,6 +59,19 @@ def lnc_lines(lnc: int, target: Target) -> list[str]:
     return [f"LNC={lnc}: runtime NEURON_LOGICAL_NC_CONFIG={lnc}; compiler --logical-nc-config={lnc}"]
 
 
+def constants_lines(target: Target) -> list[str]:
+    """Every efficiency constant the step time rests on, by name, with where it comes from: the
+    chip's own (stated per generation) and the framework's (fitted, or carried from another
+    generation's fit: ``fitted_on`` says which)."""
+    eff = target.efficiency
+    links = ", ".join(f"{a.name} {a.achievable:g}" for a in (*target.domain_axes, target.scale_out))
+    return [f"constants of {target.name}: GEMM share {eff.gemm_share:.3f} of TensorE's rate = chip_matmul "
+            f"{eff.chip_matmul:g} ({eff.chip_matmul_source}) x matmul {eff.matmul:g}",
+            f"  framework, {eff.fitted_on}: matmul {eff.matmul:g}, elementwise {eff.elementwise:g}, "
+            f"microbatch_overhead_us {eff.microbatch_overhead_s * 1e6:g}, collective_fixed_share "
+            f"{eff.collective_fixed_share:g}; link achievable shares: {links}"]
+
+
 def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
     lay, mem, step = e.layout, e.memory, e.step
     out = [f"layout: {lay.describe()}",
@@ -72,7 +85,7 @@ def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
            f"{(e.usable_bytes - mem.total) / GIB:.1f} GiB headroom left"]
     for name, gib in mem.gib().items():
         out.append(f"  {name.replace('_', ' '):22s} {gib:8.2f} GiB")
-    out += ["", f"step time: {step.total:.3f} s"]
+    out += ["", f"step time: {step.total:.3f} s", *constants_lines(target)]
     for key, label in STEP_TERMS:
         value = getattr(step, key)
         if value:
@@ -181,10 +194,24 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
     elif result.robust_skipped:
         out.append(f"robust choice: not settled (the time limit stopped it); "
                    f"this is the fastest layout found, without regard to the {u:.0%} uncertainty")
-    elif u > 0 and result.runners_up and p.score(result.runners_up[0]) <= p.score(e) * (1 + u):
-        out.append(f"near-tie: the next best layout is within the {u:.0%} uncertainty "
-                   f"({100 * (p.score(result.runners_up[0]) / p.score(e) - 1):.1f}% slower)")
+    elif result.runners_up:
+        line = near_tie_line(p.score(result.runners_up[0]) / p.score(e), u, held_out_mean(p.target))
+        out += [line] if line else []
     return [""] + out if out else []
+
+
+def near_tie_line(ratio: float, uncertainty: float, held_out: tuple[float, str] | None) -> str:
+    """'near-tie: ...' when the next best layout's score is within the larger of the search's
+    ``uncertainty`` and the calibration rows' mean held-out error (``held_out_mean``) of the
+    chosen one's (``ratio`` = next / chosen), naming which; '' otherwise. The published runs
+    tell two step times apart only beyond the held-out error, not the fit's."""
+    h, source = held_out if held_out is not None else (0.0, "")
+    d = ratio - 1
+    if d > max(uncertainty, h):
+        return ""
+    if held_out is not None and d <= h:
+        return f"near-tie: the next best layout is {100 * d:.1f}% slower, within the {source}"
+    return f"near-tie: the next best layout is {100 * d:.1f}% slower, within the {uncertainty:.0%} uncertainty"
 
 
 def evaluation_dict(e: Evaluation) -> dict:

@@ -17,14 +17,18 @@ row with the parameters fitted on the other rows (leave-one-out cross-validation
 in targets/measured/held-out.json (written by ``benchmarks/accuracy.py --write``; a test
 recomputes them).
 
-The free parameters are those of ``Efficiency`` (the share of TensorE's instruction rate
-the step's GEMMs reach, the share of VectorE/ScalarE rates the rest reaches, a fixed cost
-per micro-batch) and, for trn1, the achievable share of its NeuronLink torus (no nccom-test
+The free parameters are the framework's constants of ``Efficiency`` (of the chip's achievable
+GEMM rate, the share the step's GEMMs reach; the share of VectorE/ScalarE rates the rest
+reaches; a fixed cost per micro-batch) and, for trn1, the achievable share of its NeuronLink torus (no nccom-test
 measurement of trn1's links is published with its instance type stated). ``fit`` picks them
 on grids by the least mean absolute error of the rows; everything else (engine clocks, tile
 rules, datasheet link rates) is a documented figure.
-Trn2 and Trn3 carry trn1's fitted values (no Trn2/Trn3 run with a stated layout and
-throughput is published), and ``band`` says how far the rows' errors leave the answer.
+The chip's achievable GEMM rate (``Efficiency.chip_matmul``: of TensorE's instruction rate, the
+share one large GEMM reaches on the chip) is not fitted: each target states its own with its
+source, so a fit on trn1 rows is the framework's share of trn1's achievable rate. Trn2 and Trn3
+carry trn1's framework constants (``FRAMEWORK_FIELDS``; no Trn2/Trn3 run with a stated layout
+and throughput is published) with their own chip_matmul, H100 carries A100's, and ``band``
+says how far the rows' held-out errors leave the answer.
 """
 
 from __future__ import annotations
@@ -196,6 +200,16 @@ class Fit:
         return self.apply(target) if "link_share" in free else dataclasses.replace(target, efficiency=self.efficiency)
 
 
+FRAMEWORK_FIELDS = ("matmul", "elementwise", "microbatch_overhead_s", "collective_fixed_share")
+"""The fitted ``Efficiency`` fields, the framework's: a target with no published runs of its own
+carries them from its family's fit; ``chip_matmul`` is each chip's own."""
+
+
+def framework_constants(efficiency: Efficiency) -> dict[str, float]:
+    """The fitted (framework) constants of ``efficiency`` by name."""
+    return {name: getattr(efficiency, name) for name in FRAMEWORK_FIELDS}
+
+
 def held_out(target: Target, cases: list[Case], free: tuple[str, ...]) -> list[Row]:
     """Every case scored by the parameters ``fit`` finds on the other cases (leave-one-out
     cross-validation, Stone 1974): its error is a prediction's, not the fit's."""
@@ -271,6 +285,19 @@ def step_band(target: Target) -> tuple[float, float, str] | None:
     if family is None:
         return None
     return _band_of(family, "carried" in target.efficiency.fitted_on)
+
+
+def held_out_mean(target: Target) -> tuple[float, str] | None:
+    """(mean |held-out error|, what it is) of the calibration rows ``target``'s efficiency was
+    fitted on (or carried from), as stored; None when it names no calibration set. Two modelled
+    step times closer than this are not told apart by the published runs."""
+    family = next((name for name in FAMILIES if target.efficiency.fitted_on.startswith(name)), None)
+    if family is None:
+        return None
+    errors = list(held_out_errors(family).values())
+    mean = sum(abs(x) for x in errors) / len(errors)
+    return mean, (f"mean |held-out error| {mean:.1%} of the {len(errors)} {family} rows, each predicted by the "
+                  f"fit of the others")
 
 
 @lru_cache(maxsize=8)

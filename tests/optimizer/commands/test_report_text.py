@@ -36,3 +36,17 @@ def test_no_zero_stage_named_with_one_data_parallel_rank(capsys):
     layout = next(line for line in out.splitlines() if line.startswith("layout:"))
     assert "ZeRO" not in layout.replace("no ZeRO sharding (DP1)", ""), layout
     assert "DP1" in layout
+
+
+def test_near_ties_rest_on_the_held_out_errors():
+    """A difference inside the calibration rows' mean held-out error is a near-tie, even beyond --uncertainty."""
+    from trnopt.optimizer.commands.report import near_tie_line
+    from trnopt.optimizer.cost.calibration import held_out_errors, held_out_mean
+    from trnopt.optimizer.model.target import load_target
+    mean, source = held_out_mean(load_target("trn2u"))
+    errors = list(held_out_errors("trn1-published").values())
+    assert mean == sum(abs(x) for x in errors) / len(errors) and "held-out" in source
+    line = near_tie_line(1 + mean * 0.9, 0.0, (mean, source))
+    assert line.startswith("near-tie") and "held-out" in line
+    assert near_tie_line(1 + mean * 1.1, 0.0, (mean, source)) == ""
+    assert "uncertainty" in near_tie_line(1.02, 0.03, None)
