@@ -43,7 +43,7 @@ def test_an_edited_model_that_does_not_fit_is_refused_by_every_reader(tmp_path, 
                  ["kernels", "--layout", path]):
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("trnopt: does not fit: ") and "754.5 GiB" in err[0]
+        assert len(err) == 1 and err[0].startswith("trnopt: does not fit: ") and "692.5 GiB" in err[0]
 
 
 def test_a_bad_problem_key_is_named_once(tmp_path, capsys):
