@@ -278,9 +278,21 @@ def held_out_errors(family: str) -> dict[str, float]:
     return {r["label"]: r["held_out_error"] for r in held_out_table()[family]["rows"]}
 
 
+PREDICTED = {"h100": h100_cases}
+"""Targets with published runs of their own, none fitted: each row's error is a prediction of the
+constants the target carries, stored in held-out.json under the target's name."""
+
+
 def step_band(target: Target) -> tuple[float, float, str] | None:
-    """(low, high, source) factors on a modelled step of ``target`` from the held-out errors of the
-    rows its efficiency was fitted on (``band``), or None when it names no calibration set."""
+    """(low, high, source) factors on a modelled step of ``target`` from held-out errors (``band``):
+    those of the target's own published runs when it has some (``PREDICTED``, never fitted), else
+    those of the rows its efficiency was fitted on; None when it names no calibration set."""
+    if target.name in PREDICTED and target.name in held_out_table():
+        errors = list(held_out_errors(target.name).values())
+        low, high = band(errors)
+        return low, high, (f"errors of the {len(errors)} published {target.name} runs {min(errors):+.0%} .. "
+                           f"{max(errors):+.0%}, none fitted (each a prediction of the constants "
+                           f"{target.efficiency.fitted_on})")
     family = next((name for name in FAMILIES if target.efficiency.fitted_on.startswith(name)), None)
     if family is None:
         return None
@@ -289,15 +301,18 @@ def step_band(target: Target) -> tuple[float, float, str] | None:
 
 def held_out_mean(target: Target) -> tuple[float, str] | None:
     """(mean |held-out error|, what it is) of the calibration rows ``target``'s efficiency was
-    fitted on (or carried from), as stored; None when it names no calibration set. Two modelled
-    step times closer than this are not told apart by the published runs."""
-    family = next((name for name in FAMILIES if target.efficiency.fitted_on.startswith(name)), None)
+    fitted on (or carried from), or of its own published runs (``PREDICTED``), as stored; None when
+    it names no calibration set. Two modelled step times closer than this are not told apart by the
+    published runs."""
+    own = target.name in PREDICTED and target.name in held_out_table()
+    family = target.name if own else next((name for name in FAMILIES
+                                           if target.efficiency.fitted_on.startswith(name)), None)
     if family is None:
         return None
     errors = list(held_out_errors(family).values())
     mean = sum(abs(x) for x in errors) / len(errors)
-    return mean, (f"mean |held-out error| {mean:.1%} of the {len(errors)} {family} rows, each predicted by the "
-                  f"fit of the others")
+    how = "none fitted" if own else "each predicted by the fit of the others"
+    return mean, f"mean |held-out error| {mean:.1%} of the {len(errors)} {family} rows, {how}"
 
 
 @lru_cache(maxsize=8)

@@ -97,6 +97,18 @@ def test_the_band_rests_on_the_held_out_errors():
     assert step_band(load_target("a100"))[2].endswith("fitted on a100")
 
 
+def test_the_h100_band_rests_on_its_own_published_runs():
+    """h100 has published runs, none fitted: its band is their prediction errors, stored as computed."""
+    target = load_target("h100")
+    stored = held_out_errors("h100")
+    computed = {c.label: c.row(target).error for c in h100_cases()}
+    assert stored.keys() == computed.keys()
+    for label, error in stored.items():
+        assert error == pytest.approx(computed[label], abs=6e-5), label
+    low, high, source = step_band(target)
+    assert (low, high) == band(list(stored.values())) and "none fitted" in source
+
+
 def test_h100_published_rows_convert_their_metric_to_a_step_time():
     cases = h100_cases()
     assert len(cases) == 7
