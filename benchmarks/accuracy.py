@@ -26,10 +26,10 @@ from importlib import resources
 
 from common import environment
 
-from trnopt.optimizer.cost.calibration import (FAMILIES, HELD_OUT_FILE, band, fit, h100_cases, held_out,
-                                               held_out_table, rows)
+from trnopt.optimizer.cost.calibration import (FAMILIES, HELD_OUT_FILE, band, fit, framework_constants, h100_cases,
+                                               held_out, held_out_table, rows)
 from trnopt.optimizer.errors import InputError
-from trnopt.optimizer.model.target import GIB, load_target
+from trnopt.optimizer.model.target import BUILTIN_TARGETS, GIB, load_target
 
 GOALS = {"trn1-published": ("each", 0.10), "table5": ("mean", 0.05), "h100": ("mean", 0.10)}
 
@@ -48,7 +48,8 @@ def fitted_set(family: str) -> dict:
     cases_of, base, free = FAMILIES[family]
     target, cases = load_target(base), cases_of()
     e = target.efficiency
-    print(f"\n{family} on {base}: matmul {e.matmul}, elementwise {e.elementwise}, "
+    print(f"\n{family} on {base}: chip_matmul {e.chip_matmul} ({e.chip_matmul_source}), not fitted;\n"
+          f"  matmul {e.matmul}, elementwise {e.elementwise}, "
           f"{e.microbatch_overhead_s * 1e6:g} us per micro-batch, collective fixed share "
           f"{e.collective_fixed_share}, link share {target.domain_axes[0].achievable}; free: {', '.join(free)}")
     start = time.process_time()
@@ -69,16 +70,26 @@ def fitted_set(family: str) -> dict:
     low, high = band([h.error for h in predicted])
     print(f"band carried to targets fitted on these rows: step x {low:.3f} .. x {high:.3f} "
           f"({cpu:.1f} CPU-s for the fit and its {len(cases)} refits)")
+    for name in BUILTIN_TARGETS:
+        other = load_target(name).efficiency
+        if name != base and other.fitted_on.startswith(family):
+            print(f"carried to {name}: {', '.join(f'{k} {v:g}' for k, v in framework_constants(other).items())}"
+                  f"{'' if framework_constants(other) == framework_constants(e) else ' (NOT the fit above)'}; "
+                  f"its own chip_matmul {other.chip_matmul:g} -> GEMM share {other.gemm_share:.3f}")
     return {"free": list(free), "rows": [{"label": r.label, "fit_error": round(r.error, 4),
                                           "held_out_error": round(h.error, 4)} for r, h in zip(scored, predicted)]}
 
 
-def held_out_set() -> None:
-    """The H100 rows: every one a prediction of the A100 fit carried to the h100 target."""
+def held_out_set() -> dict:
+    """The H100 rows: every one a prediction of the A100 fit carried to the h100 target; return
+    their stored form (the h100 step-time band rests on them)."""
     target = load_target("h100")
-    print(f"\nh100 published runs (never fitted; efficiency {target.efficiency.fitted_on})")
-    print(f"{'row':62s} {'published s':>11s} {'model s':>9s} {'error':>8s} {'GiB':>6s} {'fits':>5s}")
-    errors = []
+    e = target.efficiency
+    print(f"\nh100 published runs (never fitted): chip_matmul {e.chip_matmul} ({e.chip_matmul_source}) x "
+          f"carried from the table5 fit ({e.fitted_on}): {', '.join(f'{k} {v:g}' for k, v in framework_constants(e).items())}")
+    print(f"{'row':62s} {'published s':>11s} {'model s':>9s} {'error':>8s} {'GiB':>6s} {'pub GiB':>7s} "
+          f"{'HBM GiB':>7s} {'fits':>5s}")
+    errors, stored = [], []
     for case in h100_cases():
         try:
             r = case.row(target)
@@ -86,11 +97,14 @@ def held_out_set() -> None:
             print(f"{case.label:62s} {case.published_s:11.2f} not expressible: {why}")
             continue
         errors.append(r.error)
+        stored.append({"label": r.label, "held_out_error": round(r.error, 4)})
         ev = r.evaluation
+        published = f"{case.published_gib:7.1f}" if case.published_gib is not None else f"{'-':>7s}"
         print(f"{r.label:62s} {r.published_s:11.2f} {ev.step.total:9.2f} {r.error:+8.1%} "
-              f"{ev.memory.total / GIB:6.1f} {str(ev.fits):>5s}")
+              f"{ev.memory.total / GIB:6.1f} {published} {case.hbm[0] / GIB:7.1f} {str(ev.fits):>5s}")
     if errors:
         print(f"held-out: {_verdict(errors, 'h100')} over {len(errors)} rows")
+    return {"carried_from": "table5", "rows": stored}
 
 
 def main() -> None:
@@ -99,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     print(environment())
     stored = {family: fitted_set(family) for family in FAMILIES}
-    held_out_set()
+    stored["h100"] = held_out_set()
     old = held_out_table()
     print(f"\ntargets/{HELD_OUT_FILE}: {'unchanged' if old == stored else 'differs from this run'}")
     if args.write and old != stored:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trnopt.optimizer.cost.calibration import step_band
+from trnopt.optimizer.cost.calibration import held_out_mean, step_band
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.model.layoutfile import layout_dict
 from trnopt.optimizer.model.placement import instance_table, rank_map_summary, tp_summary
-from trnopt.optimizer.search.driver import SearchResult
+from trnopt.optimizer.search.driver import SearchResult, change_text
 from trnopt.optimizer.model.target import GIB, Target
 
 STEP_TERMS = (("compute", "compute"), ("tp", "TP communication (exposed)"), ("cp", "CP communication"),
@@ -46,16 +46,37 @@ def no_overlap_dict(answer: NoOverlapAnswer) -> dict:
             "status": answer.status, "chosen_layout_step_time_s": answer.chosen.step.total}
 
 
-def lnc_lines(lnc: int) -> list[str]:
-    """The two settings that must agree (Neuron LNC docs)."""
+def neuron_target(target: Target) -> bool:
+    """True when the Neuron runtime runs the target's collectives (a Trainium machine): only
+    then do the Neuron runtime and compiler settings apply."""
+    return target.scale_out.collectives == "neuron"
+
+
+def lnc_lines(lnc: int, target: Target) -> list[str]:
+    """The two settings that must agree (Neuron LNC docs); none for a GPU target."""
+    if not neuron_target(target):
+        return []
     return [f"LNC={lnc}: runtime NEURON_LOGICAL_NC_CONFIG={lnc}; compiler --logical-nc-config={lnc}"]
+
+
+def constants_lines(target: Target) -> list[str]:
+    """Every efficiency constant the step time rests on, by name, with where it comes from: the
+    chip's own (stated per generation) and the framework's (fitted, or carried from another
+    generation's fit: ``fitted_on`` says which)."""
+    eff = target.efficiency
+    links = ", ".join(f"{a.name} {a.achievable:g}" for a in (*target.domain_axes, target.scale_out))
+    return [f"constants of {target.name}: GEMM share {eff.gemm_share:.3f} of TensorE's rate = chip_matmul "
+            f"{eff.chip_matmul:g} ({eff.chip_matmul_source}) x matmul {eff.matmul:g}",
+            f"  framework, {eff.fitted_on}: matmul {eff.matmul:g}, elementwise {eff.elementwise:g}, "
+            f"microbatch_overhead_us {eff.microbatch_overhead_s * 1e6:g}, collective_fixed_share "
+            f"{eff.collective_fixed_share:g}; link achievable shares: {links}"]
 
 
 def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
     lay, mem, step = e.layout, e.memory, e.step
     out = [f"layout: {lay.describe()}",
            f"placement: {lay.placement_text() or 'all on one rank'}",
-           *lnc_lines(lay.lnc),
+           *lnc_lines(lay.lnc, target),
            f"ranks: {lay.ranks} logical cores on {lay.chips} chips ({lay.ranks_per_chip} per chip), "
            f"{lay.domains} domain(s) of {target.name}",
            "",
@@ -64,7 +85,7 @@ def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
            f"{(e.usable_bytes - mem.total) / GIB:.1f} GiB headroom left"]
     for name, gib in mem.gib().items():
         out.append(f"  {name.replace('_', ' '):22s} {gib:8.2f} GiB")
-    out += ["", f"step time: {step.total:.3f} s"]
+    out += ["", f"step time: {step.total:.3f} s", *constants_lines(target)]
     for key, label in STEP_TERMS:
         value = getattr(step, key)
         if value:
@@ -145,9 +166,8 @@ def solve_text(result: SearchResult, no_overlap: NoOverlapAnswer | None = None) 
         out += ["", "next best layouts (other degrees, against the chosen one):"]
         base = e.step.total
         for r in result.runners_up:
-            d = 100 * (r.step.total / base - 1)
             out.append(f"  {r.layout.describe()} [{r.layout.placement_text()}]: {r.step.total:.3f} s/step, "
-                       f"{'slower' if d >= 0 else 'faster'} by {abs(d):.1f}%")
+                       f"{change_text(r.step.total / base)}")
     if result.runners_up_cut:
         out.append("  (the runner-up search's deterministic budget ended before every runner-up asked for)")
     if result.alternatives:
@@ -169,15 +189,29 @@ def uncertainty_lines(result: SearchResult) -> list[str]:
     if result.fastest is not None and result.fastest.layout != e.layout:
         slower = p.score(e) / p.score(result.fastest) - 1
         out.append(f"robust choice: this layout, not the fastest modelled, {result.fastest.layout.describe()} "
-                   f"[{result.fastest.layout.placement_text()}], which models {100 * slower:.2g}% faster, within the "
+                   f"[{result.fastest.layout.placement_text()}], which models {100 * slower:.1f}% faster, within the "
                    f"{u:.0%} uncertainty; this layout keeps TP on faster links (inside a chip first) and more headroom")
     elif result.robust_skipped:
         out.append(f"robust choice: not settled (the time limit stopped it); "
                    f"this is the fastest layout found, without regard to the {u:.0%} uncertainty")
-    elif u > 0 and result.runners_up and p.score(result.runners_up[0]) <= p.score(e) * (1 + u):
-        out.append(f"near-tie: the next best layout is within the {u:.0%} uncertainty "
-                   f"({100 * (p.score(result.runners_up[0]) / p.score(e) - 1):.2g}% slower)")
+    elif result.runners_up:
+        line = near_tie_line(p.score(result.runners_up[0]) / p.score(e), u, held_out_mean(p.target))
+        out += [line] if line else []
     return [""] + out if out else []
+
+
+def near_tie_line(ratio: float, uncertainty: float, held_out: tuple[float, str] | None) -> str:
+    """'near-tie: ...' when the next best layout's score is within the larger of the search's
+    ``uncertainty`` and the calibration rows' mean held-out error (``held_out_mean``) of the
+    chosen one's (``ratio`` = next / chosen), naming which; '' otherwise. The published runs
+    tell two step times apart only beyond the held-out error, not the fit's."""
+    h, source = held_out if held_out is not None else (0.0, "")
+    d = ratio - 1
+    if d > max(uncertainty, h):
+        return ""
+    if held_out is not None and d <= h:
+        return f"near-tie: the next best layout is {100 * d:.1f}% slower, within the {source}"
+    return f"near-tie: the next best layout is {100 * d:.1f}% slower, within the {uncertainty:.0%} uncertainty"
 
 
 def evaluation_dict(e: Evaluation) -> dict:
@@ -196,7 +230,8 @@ def solve_dict(result: SearchResult, problem_info: dict, no_overlap: NoOverlapAn
         "space_size": result.space_size,
         "layout": layout_dict(e.layout),
         **e.as_dict(),
-        "lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc},
+        **({"lnc_settings": {"NEURON_LOGICAL_NC_CONFIG": e.layout.lnc, "--logical-nc-config": e.layout.lnc}}
+           if neuron_target(result.problem.target) else {}),
         "rank_map": rank_map_summary(e.layout, result.problem.target),
         "runners_up": [evaluation_dict(r) for r in result.runners_up],
         "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}

@@ -17,14 +17,18 @@ row with the parameters fitted on the other rows (leave-one-out cross-validation
 in targets/measured/held-out.json (written by ``benchmarks/accuracy.py --write``; a test
 recomputes them).
 
-The free parameters are those of ``Efficiency`` (the share of TensorE's instruction rate
-the step's GEMMs reach, the share of VectorE/ScalarE rates the rest reaches, a fixed cost
-per micro-batch) and, for trn1, the achievable share of its NeuronLink torus (no nccom-test
+The free parameters are the framework's constants of ``Efficiency`` (of the chip's achievable
+GEMM rate, the share the step's GEMMs reach; the share of VectorE/ScalarE rates the rest
+reaches; a fixed cost per micro-batch) and, for trn1, the achievable share of its NeuronLink torus (no nccom-test
 measurement of trn1's links is published with its instance type stated). ``fit`` picks them
 on grids by the least mean absolute error of the rows; everything else (engine clocks, tile
 rules, datasheet link rates) is a documented figure.
-Trn2 and Trn3 carry trn1's fitted values (no Trn2/Trn3 run with a stated layout and
-throughput is published), and ``band`` says how far the rows' errors leave the answer.
+The chip's achievable GEMM rate (``Efficiency.chip_matmul``: of TensorE's instruction rate, the
+share one large GEMM reaches on the chip) is not fitted: each target states its own with its
+source, so a fit on trn1 rows is the framework's share of trn1's achievable rate. Trn2 and Trn3
+carry trn1's framework constants (``FRAMEWORK_FIELDS``; no Trn2/Trn3 run with a stated layout
+and throughput is published) with their own chip_matmul, H100 carries A100's, and ``band``
+says how far the rows' held-out errors leave the answer.
 """
 
 from __future__ import annotations
@@ -80,8 +84,15 @@ class Case:
     workload: Workload
     layout_of: object  # Target -> Layout
     published_s: float
+    hbm: tuple[float, float] | None = None
+    """(bytes, bytes/s) of the HBM the run's accelerator had, when it differs from the target's part."""
+    published_gib: float | None = None
+    """Peak memory per accelerator the source publishes (GiB), or None."""
 
     def row(self, target: Target) -> Row:
+        if self.hbm is not None:
+            target = dataclasses.replace(target, chip=dataclasses.replace(
+                target.chip, hbm_bytes=self.hbm[0], hbm_bandwidth=self.hbm[1]))
         layout = self.layout_of(target)
         # the published runs hid no TP communication: no overlap table
         problem = Problem(self.workload, target, layout.domains, overlap={})
@@ -136,7 +147,8 @@ def _csv_rows(name: str) -> list[dict[str, str]]:
 def h100_cases() -> list[Case]:
     """The rows of targets/measured/h100-published.csv, in Megatron's rank order (tp, cp, dp, pp).
 
-    A row's published step is ``global_batch * seq / (tokens/s per GPU * GPUs)``, or for a
+    Each row is scored on the h100 target with the HBM (capacity, bandwidth) of the GPU it ran on
+    (the file's hbm_gb, hbm_tbs). A row's published step is ``global_batch * seq / (tokens/s per GPU * GPUs)``, or for a
     TFLOPs-per-GPU row ``model_flops / (TFLOPs * 1e12 * GPUs)`` with trnopt's FLOP count
     (``steptime.model_flops``), as the file's header says.
     """
@@ -157,7 +169,8 @@ def h100_cases() -> list[Case]:
                           micro_batch=micro, interleave=interleave,
                           placement=default_placement(axes, {"tp": tp, "cp": cp, "dp": dp, "pp": pp}))
         label = f"{r['model']} {gpus} GPUs tp{tp} pp{pp} cp{cp} dp{dp} {r['framework']} {r['date']}"
-        out.append(Case(label, workload, layout_of, published))
+        out.append(Case(label, workload, layout_of, published, hbm=(float(r["hbm_gb"]) * 1e9, float(r["hbm_tbs"]) * 1e12),
+                        published_gib=float(r["memory_gib"]) if r["memory_gib"] else None))
     return out
 
 
@@ -185,6 +198,16 @@ class Fit:
     def applied(self, target: Target, free: tuple[str, ...]) -> Target:
         """``target`` with the fitted values of the ``free`` parameters (the link share only when fitted)."""
         return self.apply(target) if "link_share" in free else dataclasses.replace(target, efficiency=self.efficiency)
+
+
+FRAMEWORK_FIELDS = ("matmul", "elementwise", "microbatch_overhead_s", "collective_fixed_share")
+"""The fitted ``Efficiency`` fields, the framework's: a target with no published runs of its own
+carries them from its family's fit; ``chip_matmul`` is each chip's own."""
+
+
+def framework_constants(efficiency: Efficiency) -> dict[str, float]:
+    """The fitted (framework) constants of ``efficiency`` by name."""
+    return {name: getattr(efficiency, name) for name in FRAMEWORK_FIELDS}
 
 
 def held_out(target: Target, cases: list[Case], free: tuple[str, ...]) -> list[Row]:
@@ -255,13 +278,41 @@ def held_out_errors(family: str) -> dict[str, float]:
     return {r["label"]: r["held_out_error"] for r in held_out_table()[family]["rows"]}
 
 
+PREDICTED = {"h100": h100_cases}
+"""Targets with published runs of their own, none fitted: each row's error is a prediction of the
+constants the target carries, stored in held-out.json under the target's name."""
+
+
 def step_band(target: Target) -> tuple[float, float, str] | None:
-    """(low, high, source) factors on a modelled step of ``target`` from the held-out errors of the
-    rows its efficiency was fitted on (``band``), or None when it names no calibration set."""
+    """(low, high, source) factors on a modelled step of ``target`` from held-out errors (``band``):
+    those of the target's own published runs when it has some (``PREDICTED``, never fitted), else
+    those of the rows its efficiency was fitted on; None when it names no calibration set."""
+    if target.name in PREDICTED and target.name in held_out_table():
+        errors = list(held_out_errors(target.name).values())
+        low, high = band(errors)
+        return low, high, (f"errors of the {len(errors)} published {target.name} runs {min(errors):+.0%} .. "
+                           f"{max(errors):+.0%}, none fitted (each a prediction of the constants "
+                           f"{target.efficiency.fitted_on})")
     family = next((name for name in FAMILIES if target.efficiency.fitted_on.startswith(name)), None)
     if family is None:
         return None
     return _band_of(family, "carried" in target.efficiency.fitted_on)
+
+
+def held_out_mean(target: Target) -> tuple[float, str] | None:
+    """(mean |held-out error|, what it is) of the calibration rows ``target``'s efficiency was
+    fitted on (or carried from), or of its own published runs (``PREDICTED``), as stored; None when
+    it names no calibration set. Two modelled step times closer than this are not told apart by the
+    published runs."""
+    own = target.name in PREDICTED and target.name in held_out_table()
+    family = target.name if own else next((name for name in FAMILIES
+                                           if target.efficiency.fitted_on.startswith(name)), None)
+    if family is None:
+        return None
+    errors = list(held_out_errors(family).values())
+    mean = sum(abs(x) for x in errors) / len(errors)
+    how = "none fitted" if own else "each predicted by the fit of the others"
+    return mean, f"mean |held-out error| {mean:.1%} of the {len(errors)} {family} rows, {how}"
 
 
 @lru_cache(maxsize=8)

@@ -19,7 +19,9 @@ scores on chip (Dao et al., "FlashAttention", 2022): its matmuls and exponential
 so its time is the larger of the two; causal masking skips half of the score tiles; the
 backward runs five matmuls for the forward's two (recomputing the scores).
 
-The achievable shares (``Efficiency.matmul``, ``Efficiency.elementwise``) and the fixed
+GEMMs run at ``Efficiency.gemm_share`` of TensorE's rate: the chip's achievable share
+(``chip_matmul``, stated per generation with its source) times the framework's
+(``Efficiency.matmul``). The framework's shares (``matmul``, ``elementwise``) and the fixed
 cost per micro-batch are fitted on published step times (calibration.py); nothing here
 is a fitted curve of width.
 """
@@ -75,7 +77,7 @@ def gemm_seconds(target: Target, rank: Rank, m: float, k: float, n: float, count
     mi, ki, ni = (max(1, math.ceil(x)) for x in (m, k, n))
     cycles = min(matmul_cycles(mi, ki, ni, e.pe_rows, e.stationary_fmax, e.moving_fmax, e.matmul_min_cycles),
                  matmul_cycles(ni, ki, mi, e.pe_rows, e.stationary_fmax, e.moving_fmax, e.matmul_min_cycles))
-    engine = cycles / (e.tensor_hz * rank.cores * eff.matmul)
+    engine = cycles / (e.tensor_hz * rank.cores * eff.gemm_share)
     memory = BF16 * (m * k + k * n + m * n) / rank.hbm_bandwidth
     return count * max(engine, memory)
 

@@ -15,7 +15,8 @@ Models", 2022, section 4): bytes per layer for s (sequence), b (micro-batch), h,
 Without sequence parallelism (TP alone, ibid. eq. 2) the 10 of the 34 that it shards (the
 norms' inputs, the attention's and MLP's inputs, the two dropout masks) and a full
 recompute's stored input are not divided by t: s*b*h * (10 + 24/t + 5*a*s/(h*t)).
-The 34 is 11 (attention) + 19 (a 4h MLP: 2 input + 16 for the two 4h tensors + 1 mask) +
+The 34 is 11 (attention; narrower K and V under grouped-query attention,
+``attention_activation_bytes``) + 19 (a 4h MLP: 2 input + 16 for the two 4h tensors + 1 mask) +
 4 (norms); for other MLPs the 16 becomes (6 if gated else 4) * ffn / h, which gives 34
 back for the paper's models. Context parallelism divides s. The first pipeline stage holds
 the most micro-batches in flight, each holding L/p layers: min(m, p) under 1F1B, times
@@ -71,13 +72,28 @@ def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch
     m, tr = workload.model, workload.training
     s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
     mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
+    attention = attention_activation_bytes(m)
     scores = 0.0 if tr.flash_attention else 5 * m.heads * s / h
     # (kept, of which sequence parallelism shards): the norms' inputs, the two dropout masks and
     # the attention's and MLP's inputs are 10 of the 34; a full recompute's stored input is its 2
-    kept, sharded_by_sp = {"full": (2, 2), "selective": (11 + mlp + 4, 10), "mlp": (11 + 4 + 2 + scores, 9)}.get(
-        recompute, (11 + mlp + 4 + scores, 10))
+    kept, sharded_by_sp = {"full": (2, 2), "selective": (attention + mlp + 4, 10),
+                           "mlp": (attention + 4 + 2 + scores, 9)}.get(recompute, (attention + mlp + 4 + scores, 10))
     sbh = s * b * h
     return sbh * ((kept - sharded_by_sp) / t + sharded_by_sp / (t if tr.sequence_parallel else 1))
+
+
+def attention_activation_bytes(model: Model) -> float:
+    """Bytes per s*b*h the attention block stores besides its scores (Korthikanti et al. 2022,
+    section 4.1: 11 = QKV input 2 + Q and K 4 + V 2 + output-projection input 2 + dropout mask 1),
+    with each tensor at its own width: Q and the attention output are heads * head_dim wide, K and
+    V kv_heads * head_dim (grouped-query attention, Ainslie et al. 2023, shares each K/V head among
+    heads / kv_heads query heads, so K and V are that much narrower):
+        2 + 2 q/h + 4 kv/h + 2 q/h + 1,  q = heads * head_dim, kv = kv_heads * head_dim
+    which is the paper's 11 for multi-head attention (q = kv = h). MLA's latent KV keeps the 11."""
+    if model.mla is not None:
+        return 11.0
+    q, kv = model.heads * model.head_dim / model.hidden, model.kv_heads * model.head_dim / model.hidden
+    return 2 + 2 * q + 4 * kv + 2 * q + 1
 
 
 def recompute_working_set(workload: Workload, tp: int, cp: int, micro_batch: int, recompute: str) -> float:

@@ -235,8 +235,9 @@ class Layout:
             parts.append(f"EP{self.ep}")
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
-        zero = f"ZeRO-{self.zero}" + (f" (HSDP: {self.dp_replicate} replicas of {self.dp_shard}-way shards)"
-                                      if self.dp_replicate > 1 else "")
+        # with one data-parallel rank ZeRO has nothing to shard over: naming a stage would claim sharding
+        zero = ("no ZeRO sharding (DP1)" if self.dp == 1 else f"ZeRO-{self.zero}") + (
+            f" (HSDP: {self.dp_replicate} replicas of {self.dp_shard}-way shards)" if self.dp_replicate > 1 else "")
         plan = f"{zero}, {self.recompute} recompute, micro-batch {self.micro_batch}"
         if self.interleave > 1:
             plan += f", {self.interleave} interleaved stages"

@@ -102,7 +102,8 @@ class Efficiency:
     (calibration.py; the target file says on which rows)."""
 
     matmul: float
-    """Share of TensorE's instruction rate the step's GEMMs reach (scheduling, dependencies)."""
+    """The framework's share: of the chip's achievable GEMM rate (``chip_matmul``), the share a
+    training step's GEMMs reach (scheduling, dependencies, launches): fitted on published runs."""
     elementwise: float
     """Share of VectorE/ScalarE rates the non-matmul work reaches."""
     microbatch_overhead_s: float
@@ -112,6 +113,17 @@ class Efficiency:
     standalone nccom-test runs) that a collective inside a compiled training step pays."""
     fitted_on: str = ""
     """The calibration rows the values were fitted on, or what they were carried over from."""
+    chip_matmul: float = 1.0
+    """The chip's share: of TensorE's instruction rate (the tile rules at the engine clock), the
+    share one large BF16 GEMM streamed from HBM reaches on one core, a property of the chip
+    (its DMA rate against its TensorE rate), not fitted: stated per generation with its source."""
+    chip_matmul_source: str = "not stated (1.0: the engines' instruction rate)"
+    """Where ``chip_matmul`` comes from."""
+
+    @property
+    def gemm_share(self) -> float:
+        """Share of TensorE's instruction rate a step's GEMMs reach: chip_matmul * matmul."""
+        return self.chip_matmul * self.matmul
 
 
 @dataclass(frozen=True)
@@ -306,7 +318,10 @@ def parse_target(data: dict, source: str) -> Target:
                               microbatch_overhead_s=_scaled(eff, "microbatch_overhead_us", 1e-6,
                                                             B.MICROBATCH_OVERHEAD_US, positive=False),
                               collective_fixed_share=_share(eff, "collective_fixed_share"),
-                              fitted_on=eff.str("fitted_on", nonempty=True)),
+                              fitted_on=eff.str("fitted_on", nonempty=True),
+                              **({"chip_matmul": _share(eff, "chip_matmul"),
+                                  "chip_matmul_source": eff.str("chip_matmul_source", nonempty=True)}
+                                 if eff.has("chip_matmul") else {})),
         runtime_reserve_bytes=_scaled(root, "runtime_reserve_gib", GIB, B.HBM_GIB, positive=False),
         domain_instances=tuple(sorted(set(joined), reverse=True)),
     )

@@ -329,6 +329,13 @@ def _robust_by_cpsat(space: Space, fastest: Evaluation, cap: float, candidates: 
     return lm.layout(solver) if status in ("OPTIMAL", "FEASIBLE") else None
 
 
+def change_text(ratio: float) -> str:
+    """'slower by 570.0%' / 'faster by 3.2%' for a score ratio (other / chosen): fixed-point, so a
+    large difference never prints in exponent form (5.7e+02%)."""
+    d = 100 * (ratio - 1)
+    return f"{'slower' if d >= 0 else 'faster'} by {abs(d):.1f}%"
+
+
 def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
     """The obvious other choices, scored by the same cost model, and why each lost."""
     lay, p = best.layout, problem
@@ -351,7 +358,7 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
     except Exception:  # these degrees may not tile the axes in the default order
         pass
     for zero in p.zero_stages:
-        if zero != lay.zero:
+        if zero != lay.zero and lay.dp > 1:  # one data-parallel rank: every ZeRO stage is the same layout
             out.append((f"ZeRO-{zero} instead of ZeRO-{lay.zero}", replace(lay, zero=zero)))
     for rc in p.recompute:
         if rc != lay.recompute:
@@ -363,11 +370,10 @@ def alternatives(problem: Problem, best: Evaluation) -> list[Alternative]:
             continue
         seen.add(alt)
         e = p.evaluate(alt)
-        d = 100 * (p.score(e) / base - 1)
         if not e.fits:
             verdict = f"over memory: {e.memory.total / GIB:.1f} GiB/chip > {e.usable_bytes / GIB:.1f} usable"
         else:
-            verdict = f"{'slower' if d >= 0 else 'faster'} by {abs(d):.2g}%"
+            verdict = change_text(p.score(e) / base)
         result.append(Alternative(name, e, verdict))
     return result
 

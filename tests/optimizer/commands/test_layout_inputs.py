@@ -35,7 +35,7 @@ def test_a_layout_that_fits_loads_with_its_evaluation(tmp_path):
 
 def test_an_edited_model_that_does_not_fit_is_refused_by_every_reader(tmp_path, capsys):
     path = write_layout(tmp_path, "llama3-405b")
-    with pytest.raises(DoesNotFitError, match=r"754\.5 GiB per chip.*96\.0 GiB of HBM"):
+    with pytest.raises(DoesNotFitError, match=r"692\.5 GiB per chip.*96\.0 GiB of HBM"):
         load_runnable_layout(path)
     rank_map = tmp_path / "map.csv"
     rank_map.write_text("rank,instance,chip,core\n0,i,0,0\n")
@@ -43,7 +43,7 @@ def test_an_edited_model_that_does_not_fit_is_refused_by_every_reader(tmp_path, 
                  ["kernels", "--layout", path]):
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("trnopt: does not fit: ") and "754.5 GiB" in err[0]
+        assert len(err) == 1 and err[0].startswith("trnopt: does not fit: ") and "692.5 GiB" in err[0]
 
 
 def test_a_bad_problem_key_is_named_once(tmp_path, capsys):

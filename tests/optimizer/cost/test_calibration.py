@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from trnopt.optimizer.cost.calibration import (FAMILIES, GPU_FREE, band, fit, h100_cases, held_out, held_out_errors,
+from trnopt.optimizer.cost.calibration import (FAMILIES, GPU_FREE, band, fit, framework_constants, h100_cases, held_out, held_out_errors,
                                                held_out_table, rows, step_band, table5_cases, trn1_cases)
 from trnopt.optimizer.cost.steptime import model_flops
 from trnopt.optimizer.model.target import BUILTIN_TARGETS, load_target
@@ -35,14 +35,24 @@ def test_shipped_trainium_efficiency_is_the_trn1_fit_and_carried_to_trn2_and_trn
     assert all(a.achievable == found.link_share for a in trn1.domain_axes)
     for name in TRAINIUM:
         e = load_target(name).efficiency
-        assert dataclasses.replace(e, fitted_on="") == dataclasses.replace(best, fitted_on=""), name
+        assert framework_constants(e) == framework_constants(best), name
         assert "trn1" in e.fitted_on, name
 
 
-def test_shipped_gpu_efficiency_is_the_table5_fit():
+def test_shipped_gpu_efficiency_is_the_table5_fit_and_carried_to_h100():
     a100 = load_target("a100")
     best = fit(a100, table5_cases(), GPU_FREE).efficiency
     assert dataclasses.replace(best, fitted_on=a100.efficiency.fitted_on) == a100.efficiency
+    h100 = load_target("h100").efficiency
+    assert framework_constants(h100) == framework_constants(best) and "a100" in h100.fitted_on
+
+
+@pytest.mark.parametrize("name", BUILTIN_TARGETS)
+def test_every_target_states_its_chips_matmul_share_with_a_source(name):
+    """The chip's achievable GEMM share is each chip's own named constant, never the 1.0 default."""
+    e = load_target(name).efficiency
+    assert 0 < e.chip_matmul < 1 and e.chip_matmul_source.split()[0] in ("simulated", "Calculon's"), name
+    assert e.gemm_share == pytest.approx(e.chip_matmul * e.matmul)
 
 
 @pytest.mark.parametrize("name", BUILTIN_TARGETS)
@@ -85,6 +95,18 @@ def test_the_band_rests_on_the_held_out_errors():
     assert (low, high) == band(errors)
     assert "held-out" in source and "carried over from trn1" in source
     assert step_band(load_target("a100"))[2].endswith("fitted on a100")
+
+
+def test_the_h100_band_rests_on_its_own_published_runs():
+    """h100 has published runs, none fitted: its band is their prediction errors, stored as computed."""
+    target = load_target("h100")
+    stored = held_out_errors("h100")
+    computed = {c.label: c.row(target).error for c in h100_cases()}
+    assert stored.keys() == computed.keys()
+    for label, error in stored.items():
+        assert error == pytest.approx(computed[label], abs=6e-5), label
+    low, high, source = step_band(target)
+    assert (low, high) == band(list(stored.values())) and "none fitted" in source
 
 
 def test_h100_published_rows_convert_their_metric_to_a_step_time():

@@ -154,3 +154,23 @@ def test_every_nth_layer_recompute_keeps_the_mean_layer_and_a_full_working_set()
     assert mean == pytest.approx(0.25 * activation_bytes_per_layer(w, 4, 1, 1, "full")
                                  + 0.75 * activation_bytes_per_layer(w, 4, 1, 1, "none"))
     assert recompute_working_set(w, 4, 1, 1, "every-4") == recompute_working_set(w, 4, 1, 1, "full")
+
+
+def test_attention_activations_follow_the_key_value_width():
+    """Korthikanti's 11 s*b*h for multi-head attention; grouped-query K and V are narrower."""
+    from trnopt.optimizer.cost.memory import attention_activation_bytes
+    from trnopt.optimizer.model.workload import load_model
+    assert attention_activation_bytes(load_model("megatron-22b")) == 11
+    # llama3-8b: 8 KV heads of 32, head_dim 128 = hidden / heads: 2 + 2 + 4/4 + 2 + 1
+    assert attention_activation_bytes(load_model("llama3-8b")) == 8
+
+
+def test_published_h100_rows_are_scored_on_the_gpu_they_ran_on():
+    """torchtitan's Grand Teton H100s have 96 GB HBM2e at 2.4 TB/s; Meta's 405B ran on 80 GB parts."""
+    from trnopt.optimizer.cost.calibration import h100_cases
+    from trnopt.optimizer.model.target import load_target
+    target = load_target("h100")
+    for case in h100_cases():
+        hbm = 96e9 if "torchtitan" in case.label else 80e9
+        assert case.hbm[0] == hbm, case.label
+        assert case.row(target).evaluation.usable_bytes == hbm * 0.9, case.label
