@@ -22,6 +22,7 @@ def layout_dict(layout: Layout) -> dict:
         "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp": layout.cp,
         "zero": layout.zero, "recompute": layout.recompute, "micro_batch": layout.micro_batch,
         "interleave": layout.interleave, "lnc": layout.lnc, "dp_replicate": layout.dp_replicate,
+        **({"etp": layout.etp} if layout.etp is not None else {}),
         "placement": {d: {a.name: f for a, f in zip(layout.axes, row) if f > 1}
                       for d, row in zip(DIMS, layout.placement)},
     }
@@ -84,7 +85,8 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
                   zero=lay.int("zero", minimum=0, maximum=3), recompute=lay.choice("recompute", RECOMPUTE),
                   micro_batch=lay.int("micro_batch", maximum=MAX_GLOBAL_BATCH),
                   interleave=lay.int("interleave", 1, maximum=MAX_LAYERS),
-                  dp_replicate=lay.int("dp_replicate", 1, **degree))
+                  dp_replicate=lay.int("dp_replicate", 1, **degree),
+                  etp=lay.int("etp", **degree) if lay.has("etp") else None)
     problem.check_unknown()
     lay.check_unknown()
     try:
