@@ -83,3 +83,21 @@ def test_moe_presets_match_their_published_counts(name, total_b, active_b):
     m = load_model(name)
     assert m.total_params() / 1e9 == pytest.approx(total_b, rel=0.01)
     assert m.active_params() / 1e9 == pytest.approx(active_b, rel=0.02)
+
+
+def test_a_folded_layout_file_reads_back(tmp_path):
+    import json
+
+    from trnopt.optimizer.model.layoutfile import layout_dict, problem_dict, read_layout
+    lay = layout(1024, tp=2, pp=16, dp=32, ep=64, etp=1, target="h800")
+    w = Workload(load_model("deepseek-v3"), Training(seq=4096, global_batch=1024))
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"problem": problem_dict("h800", "deepseek-v3", w, lay.domains),
+                                "layout": layout_dict(lay)}))
+    _, _, back = read_layout(str(path))
+    assert back == lay
+    plain = dict(layout_dict(lay))
+    del plain["etp"]  # the same degrees with experts TP-split: EP 64 is then not carved out of DP 32
+    path.write_text(json.dumps({"problem": problem_dict("h800", "deepseek-v3", w, lay.domains), "layout": plain}))
+    with pytest.raises(InputError, match="layout.ep"):
+        read_layout(str(path))
