@@ -84,7 +84,14 @@ def compare_deepseek(target, case, published_row) -> None:
         print(f"  trnopt's is {'faster' if best.step.total < mine.step.total else 'slower'} in the model by "
               f"{mine.step.total - best.step.total:+.2f} s a step; the terms that differ most "
               f"(DeepSeek's minus trnopt's): " + ", ".join(f"{k} {v:+.2f} s" for k, v in reasons))
-    print(f"  (search: {result.status}, {cpu:.0f} CPU-s; DeepSeek's measured step {published_row.published_s:.2f} s)")
+    print(f"  (search: {result.status}, {cpu:.1f} CPU-s; DeepSeek's measured step {published_row.published_s:.2f} s)")
+    if target.name != "h100":  # the same run on H100 nodes (NVLink 900 GB/s)
+        h100 = load_target("h100")
+        other = solve(Problem(case.workload, h100, published.domains, overlap={}), SOLVE_TIME_LIMIT_S, workers=1,
+                      top=0).best
+        mine = Problem(case.workload, h100, published.domains, overlap={}).evaluate(case.layout_of(h100))
+        print(f"  on h100: trnopt solve {other.layout.describe()}, step {other.step.total:.2f} s; DeepSeek's layout "
+              f"{mine.step.total:.2f} s")
 
 
 def main() -> None:
