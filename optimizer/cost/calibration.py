@@ -56,6 +56,7 @@ TABLE5 = (
 )
 TRN1_FILE = "measured/trn1-published.csv"
 H100_FILE = "measured/h100-published.csv"
+MOE_FILE = "measured/moe-published.csv"
 HELD_OUT_FILE = "measured/held-out.json"
 MATMUL_GRID = tuple(x / 100 for x in range(20, 101, 2))
 ELEMENTWISE_GRID = (0.25, 0.5, 0.75, 1.0)
@@ -171,6 +172,30 @@ def h100_cases() -> list[Case]:
         label = f"{r['model']} {gpus} GPUs tp{tp} pp{pp} cp{cp} dp{dp} {r['framework']} {r['date']}"
         out.append(Case(label, workload, layout_of, published, hbm=(float(r["hbm_gb"]) * 1e9, float(r["hbm_tbs"]) * 1e12),
                         published_gib=float(r["memory_gib"]) if r["memory_gib"] else None))
+    return out
+
+
+def moe_cases() -> list[tuple[str, Case]]:
+    """(target name, case) of every row of targets/measured/moe-published.csv: the published layout
+    (expert TP empty: = tp; EP carved out of DP, or folded over TP under expert TP 1) in Megatron's
+    rank order, its step ``global_batch * seq / (tokens/s per GPU * GPUs)``."""
+    out = []
+    for r in _csv_rows(MOE_FILE):
+        gpus, tp, pp, cp, dp, ep = (int(r[k]) for k in ("gpus", "tp", "pp", "cp", "dp", "ep"))
+        etp = int(r["etp"]) if r["etp"] else None
+        workload = Workload(load_model(r["model"]), Training(seq=int(r["seq"]), global_batch=int(r["global_batch"])))
+        published = workload.training.tokens / (float(r["value"]) * gpus)
+
+        def layout_of(target, gpus=gpus, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, zero=int(r["zero"]),
+                      recompute=r["recompute"], micro=int(r["micro_batch"]), interleave=int(r["interleave"])):
+            axes = target.axes(1, gpus // target.chips_per_domain)
+            ep_dp = ep // (tp // (etp or tp))
+            return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, axes=axes, lnc=1, zero=zero,
+                          recompute=recompute, micro_batch=micro, interleave=interleave,
+                          placement=default_placement(axes, {"tp": tp, "cp": cp, "ep": ep_dp, "dp": dp // ep_dp,
+                                                             "pp": pp}))
+        label = f"{r['model']} {gpus} {r['target']} tp{tp} pp{pp} dp{dp} ep{ep}{'' if etp is None else f' etp{etp}'}"
+        out.append((r["target"], Case(f"{label} {r['framework']} {r['date']}", workload, layout_of, published)))
     return out
 
 

@@ -419,6 +419,16 @@ def coefficients(op: str, span: Span, ranks_per_chip: int = 1, runtime: Runtime 
     return per_byte, _fixed(span, steps, big) + latency
 
 
+def all_to_all_scale_out(span: Span, ranks_per_chip: int = 1, runtime: Runtime = NEURON) -> float:
+    """Seconds per byte of an all-to-all's scale-out level alone: the whole's per-byte coefficient
+    less the same group's with an unbounded scale-out network (the levels' terms add, ``coefficients``)."""
+    if not any(a.kind == "scale_out" for a, _ in span):
+        return 0.0
+    free = tuple((replace(a, bandwidth=math.inf) if a.kind == "scale_out" else a, f) for a, f in span)
+    return coefficients("all_to_all", span, ranks_per_chip, runtime)[0] - coefficients(
+        "all_to_all", free, ranks_per_chip, runtime)[0]
+
+
 def replace_latency(span: Span, latency: float) -> Span:
     """The span with every hop latency set to ``latency``."""
     return tuple((replace(a, latency=latency), f) for a, f in span)

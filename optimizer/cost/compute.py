@@ -156,10 +156,10 @@ def _head_dims(workload: Workload) -> tuple[int, int]:
 
 @lru_cache(maxsize=65536)
 def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b: int, ep: int,
-               moe: bool) -> LayerTime:
+               moe: bool, etp: int | None = None) -> LayerTime:
     """One layer's forward parts for b sequences of s / cp tokens on one rank of a TP group of tp
     (GEMMs on T tokens and N / tp; norms and residuals on T / tp tokens with sequence
-    parallelism, on all T without it)."""
+    parallelism, on all T without it); a MoE layer's experts split etp ways (None: tp)."""
     mdl, h = workload.model, workload.model.hidden
     rank = Rank.of(target, lnc)
     tokens = workload.training.seq / cp * b
@@ -169,17 +169,11 @@ def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b
         projections = (gemm_seconds(target, rank, tokens, h, (mdl.heads / tp + 2 * kv) * mdl.head_dim)
                        + gemm_seconds(target, rank, tokens, mdl.heads / tp * mdl.head_dim, h))
         rope = tokens * (mdl.heads / tp + kv) * mdl.head_dim
-    else:  # MLA: the projections as one GEMM of the same parameters per rank
-        projections = gemm_seconds(target, rank, tokens, h, mdl.attention_params() / h / tp)
+    else:
+        projections = _mla_seconds(workload, target, rank, tokens, tp)
         rope = tokens * mdl.heads / tp * mdl.mla.qk_rope_head_dim
     if moe:
-        m_moe = mdl.moe
-        local_experts = m_moe.experts / ep
-        per_expert = tokens * m_moe.top_k * ep / m_moe.experts
-        mlp = (gemm_seconds(target, rank, tokens / tp, h, m_moe.experts)  # router
-               + _ffn_seconds(target, rank, mdl.gated_mlp, per_expert, h, m_moe.expert_ffn / tp, local_experts)
-               + _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, m_moe.expert_ffn / tp, m_moe.shared_experts))
-        width = (m_moe.top_k + m_moe.shared_experts) * m_moe.expert_ffn / tp
+        mlp, width = _moe_seconds(workload, target, rank, tokens, tp, tp if etp is None else etp, ep)
     else:
         mlp = _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, mdl.ffn / tp, 1)
         width = mdl.ffn / tp
@@ -195,6 +189,45 @@ def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b
         + elementwise_seconds(target, rank, 4 * rope, 2 * BF16 * rope, "vector"))      # RoPE on q and k
     attention, attention_backward = attention_core_seconds(workload, target, rank, tp, cp, b)
     return LayerTime(attention, attention_backward, projections, mlp, elementwise)
+
+
+def _mla_seconds(workload: Workload, target: Target, rank: Rank, tokens: float, tp: int) -> float:
+    """MLA's projections for ``tokens`` tokens on one TP rank (DeepSeek-V3 report, section 2.1.1,
+    eqs. 1-10): the query down-projection [T, h] x [h, d_c'] and the joint KV down-projection with
+    the shared RoPE key [T, h] x [h, d_c + d_R] whole on every rank (their latent outputs are not
+    split by heads), the query and KV up-projections [T, d_c'] x [d_c', a/tp (d_nope + d_R)] and
+    [T, d_c] x [d_c, a/tp (d_nope + d_v)], and the output [T, a/tp d_v] x [a/tp d_v, h]."""
+    mdl, h = workload.model, workload.model.hidden
+    m, heads = mdl.mla, mdl.heads / tp
+    return (gemm_seconds(target, rank, tokens, h, m.q_lora_rank)
+            + gemm_seconds(target, rank, tokens, h, m.kv_lora_rank + m.qk_rope_head_dim)
+            + gemm_seconds(target, rank, tokens, m.q_lora_rank, heads * (m.qk_nope_head_dim + m.qk_rope_head_dim))
+            + gemm_seconds(target, rank, tokens, m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
+            + gemm_seconds(target, rank, tokens, heads * m.v_head_dim, h))
+
+
+def _moe_seconds(workload: Workload, target: Target, rank: Rank, tokens: float, tp: int, etp: int,
+                 ep: int) -> tuple[float, float]:
+    """(seconds, activation width per token) of one MoE layer's forward on one rank, for ``tokens``
+    tokens of the TP group: the router [T/tp, h] x [h, E]; the routed experts as grouped GEMMs,
+    E / ep experts a rank, each split etp ways and each receiving
+
+        T_e = r x (T etp / tp) x top_k x ep / E tokens,
+
+    T etp / tp the tokens one expert-TP group dispatches (a sequence-parallel rank dispatches its own
+    T / tp; with expert TP = TP the group gathers the tp ranks' shares: Megatron-Core's all-to-all
+    token dispatcher; with expert TP 1, EP folded over TP, each rank dispatches its own, Liu et al.
+    2025, arXiv 2504.14960, section 3), r the routing imbalance (``Moe.routing_imbalance``: the
+    busiest expert's load over the mean); and the shared experts, a dense FFN at TP on all T.
+    The activation width is (r top_k + shared) f / tp per token (the routed tokens' f / etp over
+    E / ep experts)."""
+    mdl, h = workload.model, workload.model.hidden
+    moe = mdl.moe
+    per_expert = moe.routing_imbalance * tokens * etp / tp * moe.top_k * ep / moe.experts
+    seconds = (gemm_seconds(target, rank, tokens / tp, h, moe.experts)
+               + _ffn_seconds(target, rank, mdl.gated_mlp, per_expert, h, moe.expert_ffn / etp, moe.experts / ep)
+               + _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, moe.expert_ffn / tp, moe.shared_experts))
+    return seconds, (moe.routing_imbalance * moe.top_k + moe.shared_experts) * moe.expert_ffn / tp
 
 
 def _ffn_seconds(target: Target, rank: Rank, gated: bool, tokens: float, h: int, ffn: float, count: float) -> float:

@@ -15,7 +15,10 @@ layout:
     recompute, zero, micro_batch, interleave    the memory plan
     micro_batches                               m = global batch / (dp * micro_batch)
     tp, cp, ep, pp, dp, edp                     degrees (dp: every data-parallel rank;
-                                                edp = dp // ep: the expert-data group)
+                                                edp: the expert-data group, dp // ep, or
+                                                dp // (ep / tp) when EP folds over TP)
+    ep_fold                                     TP ranks the EP group folds over: 1, or tp
+                                                under expert TP 1 (the search's layouts: 1)
     hsdp                                        whether the sharded state is replicated
                                                 across the scale-out axis (dp_replicate > 1)
     span.tp, span.cp, span.ep, span.pp,         the axes (and factors) one group of the
@@ -214,7 +217,7 @@ def decisions(layout, workload) -> dict[str, Any]:
         "recompute": layout.recompute, "zero": layout.zero, "micro_batch": layout.micro_batch,
         "interleave": layout.interleave, "micro_batches": layout.micro_batches(workload),
         "tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "pp": layout.pp, "dp": layout.dp,
-        "edp": layout.dp // layout.ep, "hsdp": layout.dp_replicate > 1,
-        "span.tp": layout.span("tp"), "span.cp": layout.span("cp"), "span.ep": layout.span("ep"),
+        "edp": layout.edp, "ep_fold": layout.ep_fold, "hsdp": layout.dp_replicate > 1,
+        "span.tp": layout.span("tp"), "span.cp": layout.span("cp"), "span.ep": layout.ep_span(),
         "span.pp": layout.span("pp"), "span.edp": layout.span("dp"), "span.dp": layout.span("ep", "dp"),
     }

@@ -20,7 +20,8 @@ per byte and lambda its fixed seconds (collectives.coefficients):
 - TP (Megatron with sequence parallelism, Korthikanti et al. 2022 section 4.2.2): per
   layer and micro-batch n(recompute) all-reduces' worth (2 all-gathers + 2
   reduce-scatters forward and as many backward = 4; full recompute adds the forward's
-  2) of the S = s/cp * b * h * a block, each timed at its size by the algorithm the
+  2; a MoE layer only its attention's half, its MLP's tokens moving in the EP term) of
+  the S = s/cp * b * h * a block, each timed at its size by the algorithm the
   runtime picks for it (t_AR(S), collectives.collective_time: Mesh, RDH or a ring on
   Neuron axes):
       n L_s * m * t_AR(S)  =  n L_s pp * (B tp cp / (R b)) t_AR(S),
@@ -34,8 +35,15 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   The other collectives (EP, pipeline sends, DP, ZeRO-3) move large messages and take the
   linear, large-message form S k + lambda (collectives.coefficients).
 - EP: per MoE layer and micro-batch, dispatch and combine all-to-all forward and
-  backward (4; 6 with full recompute) of the rank's tokens x top-k x h:
-      n M_s pp * B s top_k h a k / R  +  n M_s * m * lambda   (M_s MoE layers per stage).
+  backward (4; 6 with full recompute) of the rank's sequence-parallel tokens x top-k x h, on
+  the EP group's span (with expert TP 1 folded over the TP ranks: Liu et al., "MoE Parallel
+  Folding", 2025), r the routing imbalance (the busiest receiver, workload.Moe); under
+  node-limited routing (at most M nodes a token, DeepSeek-V3 report section 2.1.2) the
+  scale-out level's bytes are min(M, top_k) / top_k of the whole's:
+      n M_s pp * B s r top_k h a k / R  +  n M_s * m * lambda   (M_s MoE layers per stage);
+  with expert TP > 1 the expert-TP group also gathers the dispatched tokens and
+  reduce-scatters the expert outputs (Megatron-Core's all-to-all dispatcher), as many:
+      n M_s pp * (B tp cp / (R b)) t_AG(r top_k s/cp b h a).
 - Pipeline sends: one activation forward and one gradient backward per micro-batch and
   stage a rank holds, timed by the p2p coefficients of the pipeline group's span (its
   hop class: the link the pipeline dimension crosses): v * (2 B pp s h a k / R  +  2 m lambda).
@@ -120,6 +128,13 @@ def tp_collectives(recompute: str, layers: int) -> int:
     """All-reduce equivalents of a stage's ``layers`` per micro-batch: 4 a layer, 6 for a layer
     recomputed in full (its forward's 2 again)."""
     return 4 * layers + 2 * full_layers(recompute, layers)
+
+
+def moe_mlp_collectives(recompute: str, layers: int) -> int:
+    """The MLP half of ``tp_collectives`` for a stage's MoE ``layers``: 2 a layer, 3 recomputed in full.
+    A MoE layer's tokens go to its experts by the EP term's dispatch (and, under expert TP, its
+    gather over the expert-TP group) instead of the sequence-parallel gather of a dense MLP."""
+    return 2 * layers + full_layers(recompute, layers)
 
 
 def ep_alltoalls(recompute: str, layers: int) -> int:
@@ -220,14 +235,16 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     def dense_layer(rc, tp, cp, b):
         return per_step(layer_time(workload, target, lnc, tp, cp, b, 1, moe=False).training(rc), tp, cp, b)
 
-    def moe_layer(rc, tp, cp, b, ep):
-        return per_step(layer_time(workload, target, lnc, tp, cp, b, ep, moe=True).training(rc), tp, cp, b)
+    def moe_layer(rc, tp, cp, b, ep, fold):
+        return per_step(layer_time(workload, target, lnc, tp, cp, b, ep, moe=True, etp=tp // fold).training(rc), tp,
+                        cp, b)
 
     parts = [f.prod(f.count("pp", lambda pp: pp * (layers(pp) - moe_layers(pp)), "dense_layers_pp"),
                     f.table(("recompute", "tp", "cp", "micro_batch"), dense_layer, "dense_layer_time"))]
     if mdl.moe_layers:
         parts.append(f.prod(f.count("pp", lambda pp: pp * moe_layers(pp), "moe_layers_pp"),
-                            f.table(("recompute", "tp", "cp", "micro_batch", "ep"), moe_layer, "moe_layer_time")))
+                            f.table(("recompute", "tp", "cp", "micro_batch", "ep", "ep_fold"), moe_layer,
+                                    "moe_layer_time")))
     parts.append(f.prod(f.decision("pp"), f.table(("tp", "cp", "micro_batch"), lambda tp, cp, b: per_step(
         head_seconds(workload, target, lnc, tp, cp, b), tp, cp, b), "head")))
     parts.append(f.prod(m, f.decision("interleave"), coef=target.efficiency.microbatch_overhead_s))
@@ -248,7 +265,8 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         def per_stage_layer(span, cp, b):
             return ((kept(span) if hides else 1.0) * B * _span_size(span) * cp / (R * b)
                     * once("all_reduce", s / cp * b * h * a, span))
-        return f.prod(f.count(("recompute", "pp"), lambda rc, pp: tp_collectives(rc, layers(pp)) * pp, "tp_npp"),
+        return f.prod(f.count(("recompute", "pp"), lambda rc, pp: (tp_collectives(rc, layers(pp)) - moe_mlp_collectives(
+            rc, moe_layers(pp))) * pp, "tp_npp"),
                       f.table(("span.tp", "cp", "micro_batch"), per_stage_layer, name + "_each"), name=name)
 
     # replicated KV heads (tp > kv heads, memory.kv_replica_params): NxD's GQA QKV backward all-reduces the
@@ -278,11 +296,29 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
     cp = f.prod(f.count("pp", lambda pp: 2 * layers(pp) * pp, "cp_lpp"),
                 f.table(("span.cp", "tp", "micro_batch"), cp_each, "cp_each"), name="cp")
 
-    # EP: n M_s pp B s top_k h a k / R + n M_s m lambda
-    top_k = mdl.moe.top_k if mdl.moe else 0
+    # EP: n M_s pp B s r top_k h a k / R + n M_s m lambda on the EP group's span (folded over the TP
+    # ranks under expert TP 1), r the routing imbalance (the busiest receiver); plus, under expert
+    # TP > 1, the expert-TP group's gather of the dispatched tokens and reduce-scatter of the expert
+    # outputs, as many: n M_s pp (B tp cp / (R b)) t_AG(r top_k s/cp b h a)
+    top_k = mdl.moe.top_k * mdl.moe.routing_imbalance if mdl.moe else 0
+    # node-limited routing: a token crosses the scale-out network to at most route_nodes nodes, once
+    # each, of its top_k copies (workload.Moe.route_nodes): that level carries min(M, top_k) / top_k
+    routed = min(mdl.moe.route_nodes, mdl.moe.top_k) / mdl.moe.top_k if mdl.moe and mdl.moe.route_nodes else 1.0
+
+    def ep_per_byte(sp):
+        return per_byte("all_to_all", sp) - (1 - routed) * cc.all_to_all_scale_out(sp, c, runtime)
+
+    @functools.lru_cache(maxsize=None)
+    def etp_each(span, fold, cp, b):
+        tp = _span_size(span)
+        if tp // fold == 1 or not span:
+            return 0.0
+        return B * tp * cp / (R * b) * once("all_gather", top_k * s / cp * b * h * a, span)
     ep = f.add(
+        f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls(rc, moe_layers(pp)) * pp, "etp_npp"),
+               f.table(("span.tp", "ep_fold", "cp", "micro_batch"), etp_each, "etp_each")),
         f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls(rc, moe_layers(pp)) * pp, "ep_npp"),
-               f.table("span.ep", lambda sp: B * s * top_k * h * a * per_byte("all_to_all", sp) / R, "ep_bw")),
+               f.table("span.ep", lambda sp: B * s * top_k * h * a * ep_per_byte(sp) / R, "ep_bw")),
         f.prod(f.count(("recompute", "pp"), lambda rc, pp: ep_alltoalls(rc, moe_layers(pp)), "ep_nl"), m,
                f.table("span.ep", lambda sp: fixed("all_to_all", sp), "ep_lat")), name="ep")
 

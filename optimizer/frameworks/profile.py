@@ -239,6 +239,8 @@ TORCHTITAN_SOURCES = (
     ("cp", "torchtitan/distributed/parallel_dims.py seq_len_divisor, asserted in "
            "models/llama3/infra/parallelize.py"),
     ("ep", "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch"),
+    ("etp", "torchtitan/distributed/parallel_dims.py ParallelDims._validate: ETP is TP or 1; ETP 1 borrows all "
+            "of tp (and cp) into EP"),
     ("pp", "torchtitan/distributed/pipeline_parallel.py pipeline_llm, generate_llm_fqn_per_model_part"),
     ("interleave", "torchtitan/distributed/pipeline_parallel.py pipeline_llm, generate_llm_fqn_per_model_part"),
 )
@@ -287,7 +289,9 @@ NXD = FrameworkProfile(
     formats=("nxd", "env"),
     # GQAQKVColumnParallelLinear replicates K/V kv_size_multiplier times (= tp / kv_heads), charged by the
     # cost model (memory.kv_replica_params); heads still divide by TP
-    rules=Rules(kv_replication=True),
+    # experts TP-split like the attention, EP carved out of DP (the export writes expert_model_parallel_size
+    # beside tensor_model_parallel_size and no expert-TP degree): no fold over TP
+    rules=Rules(kv_replication=True, expert_tp_one=False),
     sources=(("kv_heads", "neuronx_distributed/modules/qkv_linear.py GQAQKVColumnParallelLinear, kv_size_multiplier"),),
 )
 

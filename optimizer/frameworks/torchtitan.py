@@ -116,9 +116,14 @@ def job_config(workload: Workload, target: Target, layout: Layout,
                                                          f"{lay.interleave} per PP rank")
     par["context_parallel_degree"] = (lay.cp, f"CP {lay.cp} [{_span(lay, 'cp')}]" if lay.cp > 1 else "no CP")
     if workload.model.moe is not None or lay.ep > 1:
-        par["expert_parallel_degree"] = (lay.ep, f"EP {lay.ep}, the innermost part of dp_shard "
-                                         f"[{_span(lay, 'ep')}]")
-        par["expert_tensor_parallel_degree"] = (lay.tp, "experts TP-sharded like the dense layers (etp = tp)")
+        if lay.ep_fold > 1:  # parallel_dims.py: with etp 1, EP borrows all of tp and part of dp_shard
+            par["expert_parallel_degree"] = (lay.ep, f"EP {lay.ep} = TP {lay.tp} x {lay.ep_dp} of dp_shard "
+                                             f"[{_span(lay, 'tp')}; {_span(lay, 'ep')}]")
+            par["expert_tensor_parallel_degree"] = (1, "experts whole on each rank (etp = 1): EP folds over TP")
+        else:
+            par["expert_parallel_degree"] = (lay.ep, f"EP {lay.ep}, the innermost part of dp_shard "
+                                             f"[{_span(lay, 'ep')}]")
+            par["expert_tensor_parallel_degree"] = (lay.tp, "experts TP-sharded like the dense layers (etp = tp)")
     if lay.pp > 1:
         local, local_note = t.global_batch // dp, f"global batch / DP {dp}: all {micro} micro-batches in one step"
     else:

@@ -59,7 +59,7 @@ def problem(workload: Workload, layout: Layout) -> str | None:
     """Why the layout has no torchtitan 0.3 config module, or None."""
     if workload.model.name not in PRESETS:
         return f"torchtitan {VERSION} has no preset of trnopt's {workload.model.name}"
-    if layout.ep > 1 and layout.tp > 1:
+    if layout.ep > 1 and layout.tp > 1 and layout.ep_fold == 1:  # expert TP 1 is 0.3's own fold over TP
         return (f"torchtitan {VERSION}'s expert parallelism borrows ranks from TP (efsdp = dp_shard x cp x tp / ep) "
                 f"and has no expert-TP degree, so EP {layout.ep} with experts TP{layout.tp}-sharded is not a "
                 f"{VERSION} mesh; use the 0.2.x job.toml")

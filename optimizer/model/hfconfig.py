@@ -16,7 +16,9 @@ Keys are those of the ``transformers`` configuration classes of each family
   ``mlp_only_layers`` (empty);
 - DeepSeek-V3 (and V2): ``n_routed_experts``, ``n_shared_experts``, ``num_experts_per_tok``,
   ``moe_intermediate_size``, ``first_k_dense_replace`` (the first dense layers),
-  ``moe_layer_freq`` (1), and MLA's ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+  ``moe_layer_freq`` (1), ``topk_group`` (the expert groups a token may reach, with ``n_group`` >
+  1: DeepSeek-V3's node-limited routing, its 8 groups the 8 nodes of its EP 64, report section
+  2.1.2) as route_nodes, and MLA's ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
   ``qk_rope_head_dim``, ``v_head_dim``.
 
 Other keys (RoPE, norms' epsilon, dtype, token ids, routing constants) do not change the
@@ -96,7 +98,8 @@ def _moe(k: HfKeys, style: str, layers: int) -> dict[str, int]:
         raise k.fail("first_k_dense_replace", f"{dense} leaves no MoE layer of num_hidden_layers={layers}")
     return {"experts": k.int("n_routed_experts"), "top_k": k.int("num_experts_per_tok"),
             "expert_ffn": k.int("moe_intermediate_size"), "shared_experts": k.int("n_shared_experts", 0, minimum=0),
-            "dense_layers": dense}
+            "dense_layers": dense,
+            "route_nodes": k.int("topk_group", 0, minimum=0) if k.int("n_group", 1, minimum=1) > 1 else 0}
 
 
 def model_fields(data: Any, path: str) -> dict[str, Any]:

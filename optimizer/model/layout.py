@@ -3,8 +3,13 @@
 Ranks are logical NeuronCores (Neuron LNC docs: 64 per trn2 instance at LNC=2). Rank
 order, innermost first, is tp, cp, ep, dp, pp (Megatron's order). Expert parallelism
 is carved out of data parallelism, as in Megatron-Core and DeepSpeed-MoE: the ``ep``
-ranks of a DP group hold different experts, and ``dp // ep`` replicas remain. The
-placement gives, for every dimension, the factor of every physical axis it occupies;
+ranks of a DP group hold different experts, and ``dp // ep`` replicas remain. With
+expert-TP 1 (``etp=1``) the EP group also folds over the TP ranks: the MoE layers see the
+tp x dp ranks as etp x ep x edp (Liu et al., "MoE Parallel Folding", 2025, arXiv
+2504.14960, section 3; torchtitan/distributed/parallel_dims.py: ETP is TP or 1, and with
+ETP 1 "EP would borrow all cp and tp and some dp_shard degree"). Then ``ep = tp x ep_dp``,
+the ``ep`` placement row places the ep_dp ranks taken from DP and the ``dp`` row the
+``dp // ep_dp`` expert replicas. The placement gives, for every dimension, the factor of every physical axis it occupies;
 within one axis the dimensions nest in rank order. From that the rank-to-chip map
 follows (``rank_coordinates``).
 """
@@ -43,6 +48,10 @@ class Rules:
     parallelism cuts it by tp, load-balanced context parallelism into 2 x cp chunks), 1: cp | seq."""
     even_expert_shards: bool = False
     """Expert TP (= TP) cuts the routed and the shared experts' FFN width into equal shards."""
+    expert_tp_one: bool = True
+    """Whether expert-TP 1 may fold the EP group over the TP ranks (MoE parallel folding:
+    Megatron-Core's expert_tensor_parallel_size; torchtitan's expert_tensor_parallel_degree 1,
+    torchtitan/distributed/parallel_dims.py ``_validate``: ETP is TP or 1)."""
     expert_with_context: bool = True
     """Whether EP > 1 may be combined with CP > 1. False under torchtitan, which takes its EP
     groups from consecutive ranks of the flattened (dp_shard, cp) mesh (ParallelDims' sparse
@@ -113,6 +122,10 @@ class Layout:
     """The pipeline schedule (one of SCHEDULES) when it is not ``default_schedule(interleave)``; ""
     for that default (a layout given its default by name holds "", so that equal plans compare
     equal and ``replace(layout, interleave=...)`` keeps the default). ``pipeline_schedule`` names it."""
+    etp: int | None = None
+    """Expert TP: the ranks one routed expert's FFN is split over; None: tp (Megatron-Core's
+    default expert_tensor_parallel_size). 1 with tp > 1 folds the EP group over the TP ranks
+    (module docstring): ep must then be a multiple of tp."""
 
     def __post_init__(self):
         def bad(key: str, rule: str):
@@ -124,11 +137,20 @@ class Layout:
         for name in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "interleave"):
             if getattr(self, name) < 1:
                 bad(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.dp % self.ep:
-            bad("ep", f"expert parallelism {self.ep} must divide data parallelism {self.dp} "
-                "(experts are spread over the DP ranks)")
-        if self.dp_replicate < 1 or (self.dp // self.ep) % self.dp_replicate:
-            bad("dp_replicate", f"must be >= 1 and divide dp // ep = {self.dp // self.ep}, got {self.dp_replicate}")
+        if self.etp is not None and self.etp not in (1, self.tp):
+            bad("etp", f"expert TP must be 1 or tp={self.tp}, got {self.etp} (torchtitan/distributed/"
+                "parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\")")
+        if self.ep_fold > 1 and self.cp > 1:
+            bad("etp", "expert TP 1 folds EP over the TP ranks; with cp > 1 that fold is not modelled")
+        if self.ep % self.ep_fold or self.dp % self.ep_dp:
+            bad("ep", f"expert parallelism {self.ep} must be " + (
+                f"a multiple of tp={self.tp} (expert TP 1 folds EP over the TP ranks) and ep / tp = "
+                f"{self.ep / self.tp:g} must divide data parallelism {self.dp}" if self.ep_fold > 1 else
+                f"a divisor of data parallelism {self.dp} (experts are spread over the DP ranks; with etp=1 "
+                "EP folds over tp x dp)"))
+        if self.dp_replicate < 1 or (self.dp // self.ep_dp) % self.dp_replicate:
+            bad("dp_replicate", f"must be >= 1 and divide the expert replicas {self.dp // self.ep_dp}, "
+                f"got {self.dp_replicate}")
         if self.dp_replicate > 1 and self.zero == 0:
             bad("dp_replicate", "HSDP replicates sharded state: it needs ZeRO >= 1")
         if self.dp_replicate > 1 and self.ep > 1:
@@ -167,6 +189,30 @@ class Layout:
         return self.schedule or default_schedule(self.interleave)
 
     @property
+    def expert_tp(self) -> int:
+        """Ranks one routed expert's FFN is split over (etp, or tp when not given)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def ep_fold(self) -> int:
+        """TP ranks the EP group folds over: tp / expert TP (1 when experts follow TP)."""
+        return self.tp // self.expert_tp
+
+    @property
+    def ep_dp(self) -> int:
+        """EP ranks taken from data parallelism: ep / ep_fold (the ``ep`` placement row's degree)."""
+        return max(1, self.ep // self.ep_fold)
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: the replicas of each expert, dp / ep_dp."""
+        return self.dp // self.ep_dp
+
+    def ep_span(self) -> tuple[tuple[Axis, int], ...]:
+        """The axes one EP group spans: its ``ep`` row, and with expert TP 1 the TP row too."""
+        return self.span("tp", "ep") if self.ep_fold > 1 else self.span("ep")
+
+    @property
     def dp_shard(self) -> int:
         """Ranks one ZeRO/FSDP shard group spans (torchtitan's data_parallel_shard_degree)."""
         return self.dp // self.dp_replicate
@@ -175,8 +221,9 @@ class Layout:
         return getattr(self, dim)
 
     def placement_degree(self, dim: str) -> int:
-        """Ranks a placement row spans: the degree, except dp's row, which holds dp // ep."""
-        return self.dp // self.ep if dim == "dp" else getattr(self, dim)
+        """Ranks a placement row spans: the degree, except ep's row, which holds the ep_dp ranks taken
+        from DP, and dp's, which holds the dp // ep_dp expert replicas."""
+        return {"ep": self.ep_dp, "dp": self.edp}.get(dim) or getattr(self, dim)
 
     def span(self, *dims: str) -> tuple[tuple[Axis, int], ...]:
         """The axes (with factors > 1) that one group of the given dimensions spans."""
@@ -216,7 +263,7 @@ class Layout:
         """
         dims, rest = {}, rank
         for d in DIMS:
-            n = self.degree(d) if d != "dp" else self.dp // self.ep
+            n = self.placement_degree(d)
             dims[d], rest = rest % n, rest // n
         axis_coord = [0] * len(self.axes)
         axis_stride = [1] * len(self.axes)
@@ -232,7 +279,7 @@ class Layout:
     def describe(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
         if self.ep > 1:
-            parts.append(f"EP{self.ep}")
+            parts.append(f"EP{self.ep}" + (f" (expert TP {self.expert_tp})" if self.etp is not None else ""))
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
         # with one data-parallel rank ZeRO has nothing to shard over: naming a stage would claim sharding
@@ -265,6 +312,8 @@ class Layout:
                                     f"{rules.stage_weights[1]} layers)" if rules.stage_weights else "")))
         if m.moe is None and self.ep > 1:
             out.append(("ep", f"ep={self.ep} on a dense model"))
+        if self.ep_fold > 1 and not rules.expert_tp_one:
+            out.append(("etp", f"etp=1 with tp={self.tp}: the framework's experts follow TP (expert TP = TP)"))
         if m.moe is not None and m.moe.experts % self.ep:
             out.append(("ep", f"ep={self.ep} must divide the {m.moe.experts} routed experts"))
         if self.ep > 1 and self.cp > 1 and not rules.expert_with_context:

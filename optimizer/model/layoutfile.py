@@ -25,6 +25,7 @@ def layout_dict(layout: Layout) -> dict:
         "zero": layout.zero, "recompute": layout.recompute, "micro_batch": layout.micro_batch,
         "interleave": layout.interleave, "schedule": layout.pipeline_schedule, "lnc": layout.lnc,
         "dp_replicate": layout.dp_replicate,
+        **({"etp": layout.etp} if layout.etp is not None else {}),
         "placement": {d: {a.name: f for a, f in zip(layout.axes, row) if f > 1}
                       for d, row in zip(DIMS, layout.placement)},
     }
@@ -106,7 +107,8 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
                   zero=lay.int("zero", minimum=0, maximum=3), recompute=lay.choice("recompute", RECOMPUTE),
                   micro_batch=lay.int("micro_batch", maximum=MAX_GLOBAL_BATCH),
                   interleave=lay.int("interleave", 1, maximum=MAX_LAYERS),
-                  dp_replicate=lay.int("dp_replicate", 1, **degree))
+                  dp_replicate=lay.int("dp_replicate", 1, **degree),
+                  etp=lay.int("etp", **degree) if lay.has("etp") else None)
     # files written before the schedule was recorded ran the frameworks' default (1F1B, or
     # Interleaved1F1B with interleaved stages: torchtitan's and NxD's)
     kwargs["schedule"] = lay.choice("schedule", SCHEDULES, default_schedule(kwargs["interleave"]))

@@ -48,6 +48,17 @@ def groups(layout: Layout, places: list[RankPlace], dim: str) -> list[list[RankP
     return [sorted(g, key=lambda p: p.coords[dim]) for g in by_key.values()]
 
 
+def expert_groups(layout: Layout, places: list[RankPlace]) -> list[list[RankPlace]]:
+    """The expert-parallel groups: ranks that share every coordinate but ep's, and tp's too when
+    expert TP 1 folds EP over the TP ranks (Layout.ep_fold; tp digits fastest, as Megatron-Core's
+    expert rank order etp, ep, edp, pp puts them)."""
+    folded = ("tp", "ep") if layout.ep_fold > 1 else ("ep",)
+    by_key: dict[tuple, list[RankPlace]] = {}
+    for p in places:
+        by_key.setdefault(tuple(v for d, v in p.coords.items() if d not in folded), []).append(p)
+    return [sorted(g, key=lambda p: (p.coords["ep"], p.coords["tp"])) for g in by_key.values()]
+
+
 # -- one rank at a time: the map without a list of every rank ---------------------------------------
 def rank_of(layout: Layout, axis_coord: tuple[int, ...]) -> int:
     """The rank at a coordinate per axis: the inverse of ``Layout.rank_coordinates``."""

@@ -19,7 +19,7 @@ GB = 1e9
 GIB = 2**30
 DOMAIN_AXIS_KINDS = ("torus", "ring", "switch")
 COLLECTIVE_RUNTIMES = ("ring", "neuron")
-BUILTIN_TARGETS = ("trn1", "trn2", "trn2u", "trn3-gen1", "trn3-gen2", "a100", "h100")
+BUILTIN_TARGETS = ("trn1", "trn2", "trn2u", "trn3-gen1", "trn3-gen2", "a100", "h100", "h800")
 
 
 @dataclass(frozen=True)

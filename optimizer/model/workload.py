@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trnopt.optimizer import defaults
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds as B
 from trnopt.optimizer.model import hfconfig
@@ -27,6 +28,18 @@ class Moe:
     expert_ffn: int
     shared_experts: int
     dense_layers: int  # the first layers use the dense FFN (DeepSeek-V3: 3)
+    route_nodes: int = 0
+    """Node-limited routing: each token goes to experts on at most this many nodes, crossing the
+    scale-out network once per node and reaching its experts there over the scale-up links
+    (DeepSeek-V3 report, section 2.1.2, M = 4, and section 3.2.2); 0: no limit."""
+    routing_imbalance: float = defaults.MOE_ROUTING_IMBALANCE
+    """Tokens the busiest expert receives over the mean (top_k x tokens / experts): the capacity
+    factor of a token-dropping router (Fedus et al., "Switch Transformers", 2022, section 2.1:
+    capacity = tokens / experts x capacity factor, 1.0-1.25 in its runs), or the measured
+    max/mean load of a dropless one. The step waits for the busiest expert's GEMMs and the
+    busiest receiver's all-to-all. Default 1.0: DeepSeek-V3's auxiliary-loss-free balancing
+    keeps the expert load balanced and drops no token (DeepSeek-V3 report, sections 2.1.2
+    and 3.2.2); a model file sets ``routing_imbalance`` under [moe]."""
 
 
 @dataclass(frozen=True)
@@ -273,7 +286,8 @@ def model_fields(model: Model) -> dict[str, Any]:
     }
     if m.moe is not None:
         out["moe"] = {"experts": m.moe.experts, "top_k": m.moe.top_k, "expert_ffn": m.moe.expert_ffn,
-                      "shared_experts": m.moe.shared_experts, "dense_layers": m.moe.dense_layers}
+                      "shared_experts": m.moe.shared_experts, "dense_layers": m.moe.dense_layers,
+                      "route_nodes": m.moe.route_nodes, "routing_imbalance": m.moe.routing_imbalance}
     if m.mla is not None:
         out["mla"] = {"q_lora_rank": m.mla.q_lora_rank, "kv_lora_rank": m.mla.kv_lora_rank,
                       "qk_nope_head_dim": m.mla.qk_nope_head_dim, "qk_rope_head_dim": m.mla.qk_rope_head_dim,
@@ -303,7 +317,9 @@ def parse_model(data: dict, source: str) -> Model:
         m = t.table("moe")
         moe = Moe(m.int("experts", maximum=B.MAX_EXPERTS), m.int("top_k", maximum=B.MAX_EXPERTS),
                   m.int("expert_ffn", **width), m.int("shared_experts", 0, minimum=0, maximum=B.MAX_EXPERTS),
-                  m.int("dense_layers", 0, minimum=0, maximum=B.MAX_LAYERS))
+                  m.int("dense_layers", 0, minimum=0, maximum=B.MAX_LAYERS),
+                  m.int("route_nodes", 0, minimum=0, maximum=B.MAX_EXPERTS),
+                  m.number("routing_imbalance", defaults.MOE_ROUTING_IMBALANCE, bounds=(1.0, 64.0)))
         if moe.top_k > moe.experts:
             raise m.fail("top_k", f"{moe.top_k} exceeds experts={moe.experts}")
         if moe.dense_layers >= layers:

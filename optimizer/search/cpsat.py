@@ -140,6 +140,8 @@ class LayoutModel(IntModel):
             return (self.row_index(choice) if choice is not None else const(0)), spans
         if key == "dp":
             return self.dp_index, self.dp_values
+        if key == "ep_fold":  # the search places experts as TP does (expert TP = TP); folded EP is evaluated only
+            return const(0), [1]
         one_hots = {"recompute": (self.rc, self.recompute_values), "zero": (self.zero, self.zero_values),
                     "micro_batch": (self.micro, self.space.micro_batches),
                     "interleave": (self.inter, self.interleaves), "hsdp": (self.hsdp, self.hsdp_values)}

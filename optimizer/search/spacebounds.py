@@ -143,6 +143,7 @@ class SpaceBounds:
         for key, value in fixed.items():
             values[key] = (value,) if value in values[key] else ()
         values["micro_batches"] = tuple(batch // (dp * b) for b in values["micro_batch"])
+        values["ep_fold"] = (1,)  # the search places experts as TP does (expert TP = TP): no fold
         tags = {key: (key, v) for key, v in values.items()}
         span_degree = {"span.tp": degrees["tp"], "span.cp": degrees["cp"], "span.ep": degrees["ep"],
                        "span.edp": degrees["edp"], "span.pp": pp, "span.dp": dp}
@@ -253,7 +254,7 @@ class SpaceBounds:
         lists = {"recompute": tuple(dict.fromkeys(rc for rc, _ in plans)),
                  "zero": tuple(dict.fromkeys(z for _, z in plans)), "micro_batch": sizes,
                  "micro_batches": base.values["micro_batches"], "interleave": interleaves, "hsdp": hsdps}
-        ranged = {k: base.values[k] for k in ("tp", "cp", "ep", "pp", "edp", "dp")}
+        ranged = {k: base.values[k] for k in ("tp", "cp", "ep", "pp", "edp", "dp", "ep_fold")}
         tags = {k: (k, v) for k, v in {**lists, **ranged}.items()}
         row_index = {}
         for key in placements[0] if placements else ():

@@ -282,7 +282,7 @@ def test_dropping_a_model_key(path):
     del _parent(data, path)[path[-1]]
     m = outcome(parse_model, data)
     optional = {"source", "published_params_b", "published_active_params_b", "kv_heads", "head_dim",
-                "moe", "mla", "shared_experts", "dense_layers"}
+                "moe", "mla", "shared_experts", "dense_layers", "route_nodes"}
     assert (m is not None) == (path[-1] in optional)
 
 
