@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.evaluate import Evaluation, evaluate, objective_value
 from trnopt.optimizer.cost.overlap import OverlapTable, measured
-from trnopt.optimizer.model.layout import RECOMPUTE, Layout, Rules
+from trnopt.optimizer.model.layout import RECOMPUTE, Layout
+from trnopt.optimizer.model.rules import Rules
 from trnopt.optimizer.model.target import Target
 from trnopt.optimizer.model.workload import Workload
 

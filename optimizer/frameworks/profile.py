@@ -64,7 +64,8 @@ from dataclasses import dataclass
 
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layoutfile import FRAMEWORKS
-from trnopt.optimizer.model.layout import DIMS, EVERY_NTH, RECOMPUTE, Layout, Rules, tp_problems
+from trnopt.optimizer.model.layout import DIMS, EVERY_NTH, RECOMPUTE, Layout
+from trnopt.optimizer.model.rules import Rules, tp_problems
 from trnopt.optimizer.model.workload import Workload
 from trnopt.optimizer.model.placement import chip_coordinates, instance_prefix, instance_ranks, rank_of
 from trnopt.optimizer.model.target import Target

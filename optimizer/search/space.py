@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from trnopt.optimizer.model.layout import DIMS, Layout, seq_problem, tp_problems
+from trnopt.optimizer.model.layout import DIMS, Layout
+from trnopt.optimizer.model.rules import seq_problem, tp_problems
 from trnopt.optimizer.cost.collectives import Span, link_class
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.placement import instance_prefix

@@ -10,7 +10,7 @@ from trnopt.optimizer.commands.cli import main
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.frameworks.profile import NXD, TORCHTITAN
 from trnopt.optimizer.frameworks.torchtitan import layers_per_stage
-from trnopt.optimizer.model.layout import Rules, seq_problem, tp_problems
+from trnopt.optimizer.model.rules import Rules, seq_problem, tp_problems
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 from trnopt.optimizer.search.space import Space
