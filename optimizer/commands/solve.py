@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 import sys
 from dataclasses import replace
 
@@ -25,6 +24,7 @@ from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.target import GIB, load_target
 from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_domains, least_memory,
                                              least_memory_found)
+from trnopt.optimizer.search.clock import clock
 from trnopt.optimizer.search.driver import solve
 
 
@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
                       recompute=framework.recompute, interleave=framework.interleaved, hsdp=framework.hsdp,
                       rules=framework.rules, instance_blocks=True)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
-    # one deadline for the whole command: finding the domain count comes out of --time-limit
-    deadline = time.perf_counter() + args.time_limit
+    # one deadline for the whole command (the safety stop, on the search's clock): finding the
+    # domain count comes out of --time-limit
+    deadline = clock() + args.time_limit
     note = ""
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed, deadline=deadline)
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             note = f"no domain count given: one {target.name} domain is enough"
         problem = replace(problem, domains=found)
     check_rank_map_size(args, max(target.ranks(v, problem.domains) for v in problem.lnc_values))
-    result = solve(problem, max(1.0, deadline - time.perf_counter()), args.workers, args.seed, args.top,
+    result = solve(problem, max(1.0, deadline - clock()), args.workers, args.seed, args.top,
                    deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
     result.domains_note = note
     no_overlap = no_overlap_answer(problem, result, args)
