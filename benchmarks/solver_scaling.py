@@ -101,11 +101,12 @@ def _describe(layout: dict) -> str:
 
 def enumeration(model: str, target_name: str, domains: int) -> tuple[int, float, float]:
     """(points, CPU-s, best step time) of the vectorised enumeration of the space `trnopt solve` searches by
-    default: the default framework's options, torchrun's instance blocks."""
+    default: the default framework's options and structural rules, torchrun's instance blocks."""
     framework = PROFILES[DEFAULT]
     problem = Problem(Workload(load_model(model), Training(global_batch=BATCH)), load_target(target_name), domains,
                       zero_stages=framework.zero_stages, recompute=framework.recompute,
-                      interleave=framework.interleaved, hsdp=framework.hsdp, instance_blocks=True)
+                      interleave=framework.interleaved, hsdp=framework.hsdp, rules=framework.rules,
+                      instance_blocks=True)
     found = enumerate_space(problem)
     return found.points, found.cpu_seconds, found.best.step.total if found.best else math.inf
 
