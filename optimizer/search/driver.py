@@ -299,6 +299,8 @@ def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, see
         candidates = []
         for branch in bounds.branches():
             if branch.floor <= cap * (1 + SLACK):
+                bounds.deepen(branch)
+            if branch.floor <= cap * (1 + SLACK):
                 bounds.refine(branch, cap * (1 + SLACK))
                 if branch.plans:
                     candidates.append(branch)
