@@ -9,10 +9,14 @@ Per case:
   PointBounder over the cost model's own trees, no pruning, no Layout object per point;
   run in this process (its imports and tables warm from earlier cases, if anything in its
   favour).
-- search CPU-s: ``trnopt solve --top 0 --uncertainty 0`` in its own process, the same
-  question (the fastest layout and its proof), from after the command's imports to its
-  exit, CP-SAT's child processes included; "command CPU-s" is the default command (three
-  runner-ups proven, the robust choice, the alternatives), "start-up" the imports before it.
+- search CPU-s: ``search.driver.solve`` with no runner-ups and no robust choice, the same
+  question (the fastest layout and its proof), in this process before the enumeration (so
+  the cost model's caches it warms serve the enumeration, not the search), CP-SAT's child
+  processes included.
+- command CPU-s: the default ``trnopt solve`` in its own process, from after the command's
+  imports to its exit (the answer, three runner-ups proven, the robust choice, the
+  alternatives, and the second search for the answer with no overlap); "start-up" the
+  imports before it.
 - ratio: enum CPU-s / search CPU-s (above 1: the search is faster).
 - agree: the search's step time equals the enumeration's best (relative 1e-9), or both find
   that no layout fits.
@@ -29,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -36,10 +41,12 @@ import tempfile
 from common import environment
 
 from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.errors import InfeasibleError
 from trnopt.optimizer.frameworks.profile import DEFAULT, PROFILES
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 from trnopt.optimizer.search.bruteforce import enumerate_space
+from trnopt.optimizer.search.driver import solve
 
 # (group, model, target, UltraServers)
 CASES = [
@@ -99,15 +106,39 @@ def _describe(layout: dict) -> str:
     return f"{degrees or 'TP1'}, ZeRO-{layout['zero']}, {layout['recompute']} recompute, LNC={layout['lnc']}"
 
 
-def enumeration(model: str, target_name: str, domains: int) -> tuple[int, float, float]:
-    """(points, CPU-s, best step time) of the vectorised enumeration of the space `trnopt solve` searches by
-    default: the default framework's options, torchrun's instance blocks."""
+def problem_of(model: str, target_name: str, domains: int) -> Problem:
+    """The problem `trnopt solve` searches by default: the default framework's options and
+    structural rules, torchrun's instance blocks."""
     framework = PROFILES[DEFAULT]
-    problem = Problem(Workload(load_model(model), Training(global_batch=BATCH)), load_target(target_name), domains,
-                      zero_stages=framework.zero_stages, recompute=framework.recompute,
-                      interleave=framework.interleaved, hsdp=framework.hsdp, instance_blocks=True)
+    return Problem(Workload(load_model(model), Training(global_batch=BATCH)), load_target(target_name), domains,
+                   zero_stages=framework.zero_stages, recompute=framework.recompute,
+                   interleave=framework.interleaved, hsdp=framework.hsdp, rules=framework.rules,
+                   instance_blocks=True)
+
+
+def search(problem: Problem) -> dict:
+    """The search alone in this process (``driver.solve``, no runner-ups, no robust choice): status and CPU-s."""
+    begun = cpu()
+    try:
+        found = solve(problem, LIMIT_S, top=0, uncertainty=0.0)
+    except InfeasibleError:
+        return {"cpu": cpu() - begun, "status": "INFEASIBLE", "step": math.inf}
+    seconds = cpu() - begun
+    status = found.status if found.status == "OPTIMAL" else f"{found.status} gap {100 * found.gap:.1f}% ({found.stopped})"
+    return {"cpu": seconds, "status": status, "step": found.best.step.total,
+            "layout": found.best.layout.describe()}
+
+
+def enumeration(problem: Problem) -> tuple[int, float, float]:
+    """(points, CPU-s, best step time) of the vectorised enumeration of ``problem``'s space."""
     found = enumerate_space(problem)
     return found.points, found.cpu_seconds, found.best.step.total if found.best else math.inf
+
+
+def cpu() -> float:
+    """CPU-seconds of this process and its reaped children (CP-SAT's solves run in forked children)."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 def main() -> None:
@@ -125,19 +156,19 @@ def main() -> None:
         name = f"{model} {target} x{domains}"
         if group not in groups or args.match not in name:
             continue
-        search = run_solve(model, target, domains, "--top", "0", "--uncertainty", "0")
-        command = {"cpu": math.nan} if args.no_command else run_solve(model, target, domains)
-        points, enum_s, enum_step = (0, math.nan, math.nan) if args.no_enumeration else \
-            enumeration(model, target, domains)
+        command = {"cpu": math.nan, "startup": math.nan} if args.no_command else run_solve(model, target, domains)
+        problem = problem_of(model, target, domains)
+        found = search(problem)
+        points, enum_s, enum_step = (0, math.nan, math.nan) if args.no_enumeration else enumeration(problem)
         if math.isnan(enum_step):
             agree = "n/a"
         elif math.isinf(enum_step):  # no layout fits: the search must prove it
-            agree = "yes" if search["status"] == "INFEASIBLE" else "NO"
+            agree = "yes" if found["status"] == "INFEASIBLE" else "NO"
         else:
-            agree = "yes" if abs(search["step"] - enum_step) <= 1e-9 * enum_step else "NO"
-        print(f"{name:30s} {points:11,d} {enum_s:10.2f} {search['cpu']:12.2f} {enum_s / search['cpu']:6.1f}x "
-              f"{agree:>5s} {search['status']:>10s} {command['cpu']:13.2f} {search['startup']:8.2f}  "
-              f"{search.get('layout', '')}", flush=True)
+            agree = "yes" if abs(found["step"] - enum_step) <= 1e-9 * enum_step else "NO"
+        print(f"{name:30s} {points:11,d} {enum_s:10.2f} {found['cpu']:12.2f} {enum_s / found['cpu']:6.1f}x "
+              f"{agree:>5s} {found['status']:>10s} {command['cpu']:13.2f} {command['startup']:8.2f}  "
+              f"{found.get('layout', '')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -29,4 +29,6 @@ SOLVE_DETERMINISTIC_S = 30.0   # deterministic seconds per CP-SAT solve
 SEARCH_DETERMINISTIC_S = 120.0 # deterministic seconds for all the CP-SAT solves of one branch and bound
 SEARCH_NODES = 200_000         # branches and placements the branch and bound takes from its queue
 SEARCH_POINTS = 400_000_000    # points the branch and bound scores in NumPy
+FITS_DETERMINISTIC_S = 10.0    # deterministic seconds to decide whether some layout fits a domain count
+MEMORY_DETERMINISTIC_S = 10.0  # deterministic seconds for the least memory per chip of one LNC's space
 MOE_ROUTING_IMBALANCE = 1.0  # tokens of the busiest expert / the mean, for dropless routing: balanced (see Moe)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 import sys
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ from trnopt.optimizer.model.layoutfile import partial_dict, problem_dict
 from trnopt.optimizer.model.target import GIB, load_target
 from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_domains, least_memory,
                                              least_memory_found)
+from trnopt.optimizer.search.clock import clock
 from trnopt.optimizer.search.driver import solve
 from trnopt.optimizer.search.partial import on_candidate, solve_partial
 
@@ -77,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if args.exclude is not None:
         return run_partial(args, problem, framework)
     tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
-    # one deadline for the whole command: finding the domain count comes out of --time-limit
-    deadline = time.perf_counter() + args.time_limit
+    # one deadline for the whole command (the safety stop, on the search's clock): finding the
+    # domain count comes out of --time-limit
+    deadline = clock() + args.time_limit
     note = ""
     if domains is None:
         found = fewest_domains(problem, workers=args.workers, seed=args.seed, deadline=deadline)
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             note = f"no domain count given: one {target.name} domain is enough"
         problem = replace(problem, domains=found)
     check_rank_map_size(args, max(target.ranks(v, problem.domains) for v in problem.lnc_values))
-    result = solve(problem, max(1.0, deadline - time.perf_counter()), args.workers, args.seed, args.top,
+    result = solve(problem, max(1.0, deadline - clock()), args.workers, args.seed, args.top,
                    deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
     result.domains_note = note
     return answer(args, result, framework)

@@ -191,8 +191,8 @@ class PointBounder:
             table = self._tables[key] = (np.asarray(lo), np.asarray(hi))
         if not fixed:
             return float(table[0][0]), float(table[1][0])
-        flat = np.zeros_like(index[fixed[0]])
-        for k in fixed:  # mixed radix, last key fastest (itertools.product order)
+        flat = index[fixed[0]]
+        for k in fixed[1:]:  # mixed radix, last key fastest (itertools.product order)
             flat = flat * len(lists[k]) + index[k]
         return table[0][flat], table[1][flat]
 

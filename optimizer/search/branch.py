@@ -138,6 +138,10 @@ def search(spaces: list[SpaceBounds], deadline: float, keep: int = 1, cutoff: fl
         result.nodes += 1
         floor, _, branch, rows = heapq.heappop(queue)
         bounds = branch.space
+        if not branch.floored:
+            bounds.deepen(branch)
+            heapq.heappush(queue, (branch.floor, next(count), branch, None))
+            continue
         if rows is None and branch.plans is None:
             bounds.refine(branch, limit())
             if branch.plans:

@@ -3,11 +3,17 @@
 Both ask CP-SAT about memory only (the layout model with memory as its objective, or as
 its only constraint): the least memory any layout of a space needs, and whether any
 layout fits the HBM less the headroom.
+
+Determinism: each question is bounded by CP-SAT's deterministic time on one worker (a
+count of its work: defaults.FITS_DETERMINISTIC_S, defaults.MEMORY_DETERMINISTIC_S), so
+the domain count chosen and the memory quoted are functions of the inputs alone. A
+question the budget leaves undecided counts as "not shown to fit" on every machine. The
+wall clock (search/clock.py) is only the command's safety stop: when it ends a question,
+TimeLimitError says so instead of an answer that could differ on another machine.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 from trnopt.optimizer import defaults
@@ -17,6 +23,7 @@ from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.errors import TimeLimitError
 from trnopt.optimizer.model.layout import Layout
 from trnopt.optimizer.model.target import GIB
+from trnopt.optimizer.search.clock import clock
 from trnopt.optimizer.search.space import Space
 
 MAX_DOMAINS = 64
@@ -43,51 +50,73 @@ class LeastMemory:
                 f"[{lay.placement_text() or 'one rank'}], needs {self.found.memory.total / GIB:.1f} GiB per chip")
 
 
-def minimum_memory(space: Space, time_limit: float = 10.0, workers: int = defaults.WORKERS,
+def minimum_memory(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
                    seed: int = defaults.SEED) -> tuple[float, Layout | None, bool] | None:
     """(CP-SAT's proven floor on the memory per chip every layout of the space needs, HBM limit
     ignored; the least-memory layout found; whether it is proven the least), None when no layout
-    was found within the time limit."""
+    was found within the work budget (defaults.MEMORY_DETERMINISTIC_S on one worker: the same
+    answer on any machine). ``time_limit`` is the safety stop: TimeLimitError when it binds.
+    ``workers`` is kept for the callers' signature; one worker is what makes the budget deterministic."""
     from trnopt.optimizer.search.cpsat import LayoutModel  # OR-Tools, imported when a command needs it
-    from trnopt.optimizer.search.solver import STATUS, solver_for
     lm = LayoutModel(space, memory_objective=True)
-    solver = solver_for(time_limit, workers, seed, interleave=False)  # the bound is the answer, not the layout
-    status = STATUS[solver.solve(lm.model)]
+    status, solver = _decide(lm, time_limit, seed, defaults.MEMORY_DETERMINISTIC_S, "the least memory")
     if status not in ("OPTIMAL", "FEASIBLE"):
         return None
     return solver.best_objective_bound, lm.layout(solver), status == "OPTIMAL"
 
 
-def fits(space: Space, time_limit: float = 20.0, workers: int = defaults.WORKERS,
+def fits(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
          seed: int = defaults.SEED) -> bool | None:
-    """Whether some layout of the space fits the HBM limit (None: undecided within the time limit)."""
+    """Whether some layout of the space fits the HBM limit (None: undecided within the work budget,
+    defaults.FITS_DETERMINISTIC_S on one worker: the same on any machine). ``time_limit`` is
+    the safety stop: TimeLimitError when it binds. ``workers``: as minimum_memory."""
     from trnopt.optimizer.search.cpsat import LayoutModel  # OR-Tools, imported when a command needs it
-    from trnopt.optimizer.search.solver import STATUS, solver_for
     lm = LayoutModel(space, memory_objective=True)
     lm.model.add(lm.memory.expr <= int(space.problem.target.chip.hbm_bytes * (1 - space.problem.headroom)))
     lm.model.clear_objective()
-    solver = solver_for(time_limit, workers, seed, interleave=False)  # yes or no, not a layout
-    status = STATUS[solver.solve(lm.model)]
+    status, _ = _decide(lm, time_limit, seed, defaults.FITS_DETERMINISTIC_S, "whether a layout fits")
     return {"OPTIMAL": True, "FEASIBLE": True, "INFEASIBLE": False}.get(status)
 
 
-def _left(deadline: float | None, cap: float) -> float:
-    """Seconds a probe may take: ``cap``, or less when the command's deadline is nearer."""
-    return cap if deadline is None else min(cap, deadline - time.perf_counter())
+def _decide(lm, time_limit: float, seed: int, budget: float, what: str):
+    """(status, solver) of one memory question on one worker within ``budget`` deterministic
+    seconds; TimeLimitError when the wall-clock safety stop ``time_limit`` ended it instead."""
+    from trnopt.optimizer.search.solver import STATUS, solver_for
+    # one worker, no interleaving: deterministic for a seed, and clear of CP-SAT 9.15's abort on
+    # interleaved searches of infeasible models (driver._solve_space)
+    solver = solver_for(time_limit, 1, seed, interleave=False, deterministic_limit=budget)
+    status = STATUS[solver.solve(lm.model)]
+    if solver.wall_stopped:
+        raise TimeLimitError(f"the time limit passed while deciding {what} on {lm.space.problem.domains} "
+                             f"{lm.space.problem.target.name} domain(s); raise --time-limit")
+    return status, solver
+
+
+def _left(deadline: float | None) -> float:
+    """Seconds left of the command's safety stop (on search/clock.py's clock); TimeLimitError when none are."""
+    if deadline is None:
+        return defaults.TIME_LIMIT_S
+    left = deadline - clock()
+    if left <= 0:
+        raise TimeLimitError("the time limit passed while sizing the machine; give --ultraservers/--instances "
+                             "or raise --time-limit")
+    return left
 
 
 def least_memory_found(problem: Problem, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
                        deadline: float | None = None) -> LeastMemory:
     """The least-memory layout CP-SAT finds on this problem's machine (every LNC), scored by the
     cost model, and a floor no layout beats: CP-SAT's bound, else the training state sharded
-    over every chip plus the runtime reserve."""
+    over every chip plus the runtime reserve. ``deadline`` (on search/clock.py's clock): the safety stop."""
     t, w = problem.target, problem.workload
     floor = (sharded_state_per_chip(w.model.total_params(), problem.domains * t.chips_per_domain,
                                     w.training.state_bytes_per_param) + t.runtime_reserve_bytes)
     bounds, best, proven = [], None, True
     for lnc in problem.lnc_values:
-        left = _left(deadline, 10.0)
-        got = minimum_memory(Space(problem, lnc), time_limit=left, workers=workers, seed=seed) if left > 0.5 else None
+        try:
+            got = minimum_memory(Space(problem, lnc), time_limit=_left(deadline), workers=workers, seed=seed)
+        except TimeLimitError:  # the safety stop: the text then says the memory was not found in time
+            got = None
         if got is None:
             proven = False
             continue
@@ -132,8 +161,10 @@ def explain_infeasible(problem: Problem, workers: int = defaults.WORKERS, seed: 
 
 def fewest_domains(problem: Problem, start: int = 1, workers: int = defaults.WORKERS, seed: int = defaults.SEED,
                    deadline: float | None = None) -> int | None:
-    """The fewest domains (from ``start``) on which some layout fits with the headroom; raises
-    TimeLimitError when the deadline passes before a count is decided."""
+    """The fewest domains (from ``start``) on which some layout is shown to fit with the headroom,
+    each count decided within a work budget (``fits``), so the count is a function of the
+    inputs alone; ``deadline`` (on search/clock.py's clock) is the safety stop, whose binding
+    raises TimeLimitError rather than move on to a larger count."""
     have = usable_hbm(problem.target, problem.headroom)
     t, w = problem.target, problem.workload
     state = sharded_state_per_chip(w.model.total_params(), 1, w.training.state_bytes_per_param)
@@ -142,19 +173,15 @@ def fewest_domains(problem: Problem, start: int = 1, workers: int = defaults.WOR
         if state / (domains * t.chips_per_domain) + t.runtime_reserve_bytes > have:
             continue
         bigger = replace(problem, domains=domains)
-        answers = []
         for lnc in bigger.lnc_values:
-            left = _left(deadline, 20.0)
-            if left <= 0.5:
+            try:
+                left = _left(deadline)
+            except TimeLimitError:
                 raise TimeLimitError(f"the time limit passed while finding the fewest {t.name} domains that fit "
                                      f"(decided up to {domains - 1}); give --ultraservers/--instances or raise "
-                                     "--time-limit")
-            answers.append(fits(Space(bigger, lnc), time_limit=left, workers=workers, seed=seed))
-            if answers[-1]:
+                                     "--time-limit") from None
+            if fits(Space(bigger, lnc), time_limit=left, workers=workers, seed=seed):
                 return domains
-        if None in answers and deadline is not None and time.perf_counter() >= deadline:
-            raise TimeLimitError(f"the time limit passed while deciding whether {domains} {t.name} domains fit; "
-                                 "raise --time-limit")
     return None
 
 

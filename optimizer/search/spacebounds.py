@@ -45,6 +45,19 @@ CHUNK_POINTS = 100_000  # points bounded in one NumPy pass (a few MB per node of
 EXACT = 1e-9  # relative: a point's interval narrower than this is its value (float noise of the trees)
 
 
+class HashedSpan(tuple):
+    """A span ((axis, factor), ...) that keeps its hash: the factors' tables are keyed by spans,
+    and hashing one hashes every field of its axes again (a third of flooring every branch)."""
+
+    def __new__(cls, items):
+        span = super().__new__(cls, items)
+        span._hash = tuple.__hash__(span)
+        return span
+
+    def __hash__(self):
+        return self._hash
+
+
 @dataclass
 class Branch:
     """One degree tuple of one space (LNC) and what is known of it."""
@@ -53,6 +66,7 @@ class Branch:
     degrees: dict[str, int]
     floor: float                                  # seconds: no layout of the branch is faster
     plans: dict[tuple[str, int], float] | None = None  # once refined: (recompute, zero) plans left -> floor
+    floored: bool = False           # its floor is over every step term (``deepen``), not only the cheap ones
     placed: bool = False            # its points were bounded (or there were too many to)
     placements: list | None = None  # once placed: (floor, rows) of each placement that could beat it, best first
     best: Layout | None = None      # once placed exactly: its best layout (every point scored), None if none fits
@@ -85,6 +99,15 @@ class SpaceBounds:
         self._spans: dict[tuple, tuple] = {}
         self._by_degree: dict[int, list] = {}
         self._position: dict[int, dict] = {}
+        self._inside = tuple(instance_prefix(axes, p.target.chips_per_instance)) if p.instance_blocks else None
+        self._floors: dict[tuple, tuple[float, float]] = {}  # degree tuple -> (cheap step, memory) floors
+        self._deep: dict[tuple, float] = {}                   # degree tuple -> step floor over every term
+        # the step terms that range over no TP or data-parallel placement: floored for every tuple
+        # at once; the others' collectives over every row of those groups are most of a floor's
+        # cost, and are floored only for the tuples the search reaches (``deepen``)
+        steps = [name for name in TERMS if name != "tp_raw"]
+        self.cheap_terms = [name for name in steps
+                            if not {"span.tp", "span.dp", "span.edp"} & set(self.bounder.decisions(self.steps[name]))]
 
     @property
     def lm(self) -> LayoutModel:
@@ -105,7 +128,7 @@ class SpaceBounds:
     def _span(self, row: tuple[int, ...]) -> tuple:
         found = self._spans.get(row)
         if found is None:
-            found = self._spans[row] = tuple((a, n) for a, n in zip(self.space.axes, row) if n > 1)
+            found = self._spans[row] = HashedSpan((a, n) for a, n in zip(self.space.axes, row) if n > 1)
         return found
 
     def _positions(self, degree: int) -> dict[tuple[int, ...], int]:
@@ -160,61 +183,75 @@ class SpaceBounds:
         """Every placement of the degrees on the axes, as span-decision -> row (the rules of
         cpsat.LayoutModel: each axis shared out exactly; torchrun's instance blocks where asked,
         checked on each prefix of the rank order, since a prefix that breaks them cannot be mended)."""
-        axes, ones = self.space.axes, (1,) * len(self.space.axes)
-        families = [d for d in FAMILIES if degrees[d] > 1]
-        inside = instance_prefix(axes, self.problem.target.chips_per_instance) if self.problem.instance_blocks \
-            else None
+        return _placements(self.space.axes, tuple(self.active), self._inside, degrees)
 
-        def extend(i: int, left: tuple[int, ...], chosen: list, blocks):
-            if i == len(families):
-                rows = dict(zip(families, chosen))
-                if not canonical(axes, self.active, self.axis_divisors, {d: rows.get(d, ones) for d in self.active}):
-                    return  # the mirror of another placement (identical axes), which the model excludes
-                ep, edp = rows.get("ep", ones), rows.get("edp", ones)
-                yield {"span.tp": rows.get("tp", ones), "span.cp": rows.get("cp", ones), "span.ep": ep,
-                       "span.edp": edp, "span.pp": rows.get("pp", ones),
-                       "span.dp": tuple(a * b for a, b in zip(ep, edp))}
-                return
-            # the last family takes what is left, which must be its degree
-            rows = [left] if i == len(families) - 1 else _rows_within(left, degrees[families[i]])
-            for row in rows:
-                if i == len(families) - 1 and math.prod(row) != degrees[families[i]]:
-                    continue
-                after = block_step(inside, blocks, row) if inside is not None else None
-                if inside is not None and after is None:
-                    continue
-                yield from extend(i + 1, tuple(n // r for n, r in zip(left, row)), chosen + [row], after)
+    def _first_placements(self, degrees: dict[str, int], cap: float) -> list[dict]:
+        """The first ``cap`` + 1 placements (all of them when ``cap`` is infinite): those up to
+        MAX_PLACEMENTS + 1 are kept for the process (``_first_placements``: the robust choice and
+        the search with no overlap ask for the same degree tuples' placements again)."""
+        if cap == math.inf:
+            return list(self.placements(degrees))
+        found = _first_placements(self.space.axes, tuple(self.active), self._inside, tuple(degrees.items()))
+        return list(found[:int(cap) + 1])
 
-        yield from extend(0, tuple(a.size for a in axes), [], ((1,) * len(axes), False))
-
-    def floors(self, ranges: Ranges) -> tuple[float, float]:
-        """(step time, memory) floors over ``ranges``."""
-        step = sum(self.bounder.interval(self.steps[name], ranges)[0] for name in TERMS if name != "tp_raw")
+    def floors(self, ranges: Ranges, terms: list[str] | None = None) -> tuple[float, float]:
+        """(step time, memory) floors over ``ranges``; ``terms``: only these step terms (each term is
+        a time, at least 0, so a sum over some of them is a floor too)."""
+        names = [name for name in TERMS if name != "tp_raw"] if terms is None else terms
+        step = sum(self.bounder.interval(self.steps[name], ranges)[0] for name in names)
         memory = sum(self.bounder.interval(e, ranges)[0] for e in self.memories.values())
         return step, memory
+
+    def deepen(self, branch: Branch) -> None:
+        """Raise the branch's floor from its cheap terms' (``branches``) to every term's."""
+        key = tuple(branch.degrees[d] for d in FAMILIES)
+        found = self._deep.get(key)
+        if found is None:
+            found = self._deep[key] = self.floors(self.ranges(branch.degrees))[0]
+        branch.floor, branch.floored = max(branch.floor, found), True
 
     # -- the branches -----------------------------------------------------------------------------
     def branches(self, prune: bool = True) -> list[Branch]:
         """Every degree tuple with a placement row for each family and a micro-batch size, floored
-        and those whose memory floor exceeds the usable HBM dropped (unless not ``prune``: then
-        every tuple, floor 0)."""
-        candidates = [self.degree_values.get(d, self._single(d)) for d in FAMILIES]
+        by its cheap terms (``deepen`` floors the rest) and those whose memory floor exceeds the
+        usable HBM dropped (unless not ``prune``: then every tuple, floor 0)."""
         out = []
-        for combo in itertools.product(*candidates):
-            if math.prod(combo) != self.space.ranks:
-                continue
+        for combo in self._degree_tuples():
             degrees = dict(zip(FAMILIES, combo))
             if degrees["ep"] > 1 and degrees["cp"] > 1 and not self.problem.rules.expert_with_context:
                 continue  # the framework's expert groups would take context ranks (Rules.expert_with_context)
-            ranges = self.ranges(degrees)
-            if ranges.empty:
-                continue
             if not prune:
-                out.append(Branch(self, degrees, 0.0))
+                if not self.ranges(degrees).empty:
+                    out.append(Branch(self, degrees, 0.0))
                 continue
-            step, memory = self.floors(ranges)
-            if memory <= self.usable or not prune:
+            # a tuple's floors depend on the space alone: kept for the next call (the robust choice's)
+            found = self._floors.get(combo)
+            if found is None:
+                ranges = self.ranges(degrees)
+                found = self._floors[combo] = (math.inf, math.inf) if ranges.empty else \
+                    self.floors(ranges, self.cheap_terms)
+            step, memory = found
+            if memory <= self.usable:
                 out.append(Branch(self, degrees, step))
+        return out
+
+    def _degree_tuples(self) -> list[tuple[int, ...]]:
+        """Every combination of the families' candidate degrees (FAMILIES order) whose product is
+        the rank count, in itertools.product's order: each family's degree divides what the
+        earlier ones leave."""
+        candidates = [self.degree_values.get(d, self._single(d)) for d in FAMILIES]
+        out = []
+
+        def grow(i: int, left: int, chosen: tuple):
+            if i == len(candidates):
+                if left == 1:
+                    out.append(chosen)
+                return
+            for d in candidates[i]:
+                if left % d == 0:
+                    grow(i + 1, left // d, chosen + (d,))
+
+        grow(0, self.space.ranks, ())
         return out
 
     def _single(self, family: str) -> tuple[int, ...]:
@@ -243,7 +280,7 @@ class SpaceBounds:
         sizes, interleaves, hsdps = base.values["micro_batch"], base.values["interleave"], base.values["hsdp"]
         per_placement = len(plans) * len(sizes) * len(interleaves) * len(hsdps)
         cap = min(MAX_PLACEMENTS, most // per_placement) if most < math.inf else math.inf
-        placements = list(itertools.islice(self.placements(branch.degrees), None if cap == math.inf else cap + 1))
+        placements = self._first_placements(branch.degrees, cap)
         if len(placements) > cap:
             return None
         values = (placements, plans, sizes, interleaves, hsdps)
@@ -385,6 +422,42 @@ def canonical(axes, active: list[str], axis_divisors: list, rows: dict[str, tupl
         return axis_divisors[j].index(rows[d][j])
     return all(axis_key(active, axis_divisors, j, index) >= axis_key(active, axis_divisors, j + 1, index)
                for j in interchangeable(axes))
+
+
+def _placements(axes: tuple, active: tuple[str, ...], inside: tuple[int, ...] | None, degrees: dict[str, int]):
+    """SpaceBounds.placements on ``axes`` with the ``active`` families; ``inside``: each axis's
+    share inside an instance (placement.instance_prefix) where instance blocks are asked, else None."""
+    ones, axis_divisors = (1,) * len(axes), [divisors(a.size) for a in axes]
+    families = [d for d in FAMILIES if degrees[d] > 1]
+
+    def extend(i: int, left: tuple[int, ...], chosen: list, blocks):
+        if i == len(families):
+            rows = dict(zip(families, chosen))
+            if not canonical(axes, list(active), axis_divisors, {d: rows.get(d, ones) for d in active}):
+                return  # the mirror of another placement (identical axes), which the model excludes
+            ep, edp = rows.get("ep", ones), rows.get("edp", ones)
+            yield {"span.tp": rows.get("tp", ones), "span.cp": rows.get("cp", ones), "span.ep": ep,
+                   "span.edp": edp, "span.pp": rows.get("pp", ones),
+                   "span.dp": tuple(a * b for a, b in zip(ep, edp))}
+            return
+        # the last family takes what is left, which must be its degree
+        rows = [left] if i == len(families) - 1 else _rows_within(left, degrees[families[i]])
+        for row in rows:
+            if i == len(families) - 1 and math.prod(row) != degrees[families[i]]:
+                continue
+            after = block_step(inside, blocks, row) if inside is not None else None
+            if inside is not None and after is None:
+                continue
+            yield from extend(i + 1, tuple(n // r for n, r in zip(left, row)), chosen + [row], after)
+
+    yield from extend(0, tuple(a.size for a in axes), [], ((1,) * len(axes), False))
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_placements(axes: tuple, active: tuple[str, ...], inside: tuple[int, ...] | None,
+                      degrees: tuple[tuple[str, int], ...]) -> tuple[dict, ...]:
+    """The first MAX_PLACEMENTS + 1 placements of ``_placements`` (shared: read, never changed)."""
+    return tuple(itertools.islice(_placements(axes, active, inside, dict(degrees)), MAX_PLACEMENTS + 1))
 
 
 @functools.lru_cache(maxsize=65536)

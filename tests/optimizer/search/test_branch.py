@@ -68,6 +68,10 @@ def test_floors_hold_below_every_layout_and_meet_it_at_its_point(problem):
                 # a branch the coarse floors drop holds no layout that fits
                 assert key in floors, f"{layout.describe()} fits but its branch was dropped"
                 assert floors[key].floor <= step * (1 + 1e-9), (layout.describe(), floors[key].floor, step)
+                # the floor over every term (the search's second look at a branch) holds too
+                cheap = floors[key].floor
+                bounds.deepen(floors[key])
+                assert cheap <= floors[key].floor <= step * (1 + 1e-9), (layout.describe(), floors[key].floor, step)
             plan = {"recompute": layout.recompute, "zero": layout.zero}
             plan_floor, _ = bounds.floors(bounds.ranges(_degrees(layout), plan))
             assert plan_floor <= step * (1 + 1e-9), (layout.describe(), plan_floor, step)

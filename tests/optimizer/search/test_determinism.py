@@ -73,3 +73,41 @@ def test_the_safety_stop_interrupts_work_that_checks_no_clock():
     # and the timer is gone afterwards
     with clock.interruptible(clock.clock() + 600):
         pass
+
+
+def _problem(model: str, target: str):
+    from trnopt.optimizer.cost.problem import Problem
+    from trnopt.optimizer.model.target import load_target
+    from trnopt.optimizer.model.workload import Training, Workload, load_model
+    return Problem(Workload(load_model(model), Training(global_batch=1024)), load_target(target), 1,
+                   instance_blocks=True)
+
+
+def test_fewest_domains_is_the_same_under_a_slow_clock(monkeypatch):
+    from trnopt.optimizer.search.domains import fewest_domains, least_memory_found
+    # Llama 3 405B needs 6 trn2 instances (every ZeRO stage, no framework rules): five counts are
+    # decided "no" before the answer
+    problem = _problem("llama3-405b", "trn2")
+    first = fewest_domains(problem, workers=1, deadline=clock.clock() + 600)
+    least = least_memory_found(problem, workers=1, deadline=clock.clock() + 600)
+    real = time.perf_counter
+    start = real()
+    monkeypatch.setattr(clock, "CLOCK", lambda: start + 20 * (real() - start))
+    assert fewest_domains(problem, workers=1, deadline=clock.clock() + 600) == first == 6
+    assert least_memory_found(problem, workers=1, deadline=clock.clock() + 600) == least
+
+
+def test_fewest_domains_stops_with_an_error_not_another_count(monkeypatch):
+    from trnopt.optimizer.errors import TimeLimitError
+    from trnopt.optimizer.search.domains import fewest_domains
+    # a clock that advances 100 s per reading: the limit binds at the second probe, and the
+    # search must say so rather than skip ahead to a larger count
+    reads = [0]
+
+    def ticking() -> float:
+        reads[0] += 1
+        return 100.0 * reads[0]
+
+    monkeypatch.setattr(clock, "CLOCK", ticking)
+    with pytest.raises(TimeLimitError, match="fewest trn2 domains"):
+        fewest_domains(_problem("llama3-405b", "trn2"), workers=1, deadline=clock.clock() + 150)
