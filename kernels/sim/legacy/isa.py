@@ -232,10 +232,14 @@ def dma_transpose(src, axes=None, mask=None, dtype=None, dge_mode=dge_mode.unkno
 
 
 def tensor_copy_predicated(src, dst, predicate, mask=None, reverse_pred=False, **kwargs):
-    """Copy ``src`` into ``dst`` where ``predicate`` is non-zero (in place; "nki.isa.tensor_copy_predicated")."""
+    """Copy ``src`` into ``dst`` where ``predicate`` is non-zero (in place; "nki.isa.tensor_copy_predicated").
+    A bool predicate (the API reference's example passes ``np.less_equal(a, 0.8)``) is one byte
+    of 0 or 1 per element, read here as the uint8 the instruction takes."""
+    pred = resolve(predicate, "nisa.tensor_copy_predicated")
+    if isinstance(pred, NkiTensor) and pred.dtype == np.bool_:
+        pred = pred.view(np.uint8)
     return _isa.tensor_copy_predicated(resolve(dst, "nisa.tensor_copy_predicated"),
-                                       resolve(src, "nisa.tensor_copy_predicated"),
-                                       resolve(predicate, "nisa.tensor_copy_predicated"), reverse_pred=reverse_pred)
+                                       resolve(src, "nisa.tensor_copy_predicated"), pred, reverse_pred=reverse_pred)
 
 
 def nc_stream_shuffle(src, dst, shuffle_mask, mask=None, **kwargs):

@@ -53,3 +53,20 @@ def test_psum_block_dims_live_one_block_at_a_time(legacy):
     a, b = rng.standard_normal((128, 2048), dtype=np.float32), rng.standard_normal((128, 512), dtype=np.float32)
     want = np.stack([a[:, i * 128:(i + 1) * 128].T @ b for i in range(16)])
     np.testing.assert_allclose(nki.simulate_kernel(blocks, a, b), want, rtol=1e-4, atol=1e-3)
+
+
+def test_copy_predicated_takes_a_bool_predicate(legacy):
+    nki, nl, nisa = legacy
+
+    @nki.jit
+    def pick(pred, a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        dst = nl.load(b)
+        nisa.tensor_copy_predicated(src=nl.load(a), dst=dst, predicate=nl.load(pred))
+        nl.store(out, value=dst)
+        return out
+
+    rng = np.random.default_rng(5)
+    a, b = rng.random((128, 64), dtype=np.float32), rng.random((128, 64), dtype=np.float32)
+    pred = a <= 0.5
+    np.testing.assert_array_equal(nki.simulate_kernel(pick, pred, a, b), np.where(pred, a, b))
