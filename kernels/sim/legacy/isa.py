@@ -32,7 +32,10 @@ tensor_engine, vector_engine, scalar_engine, gpsimd_engine = engine.tensor, engi
 unknown_engine = engine.unknown
 get_nc_version = _isa.get_nc_version
 _NP_OPS = {np.add: _nl.add, np.subtract: _nl.subtract, np.multiply: _nl.multiply, np.maximum: _nl.maximum,
-           np.minimum: _nl.minimum, np.divide: _nl.divide, np.max: _nl.maximum, np.min: _nl.minimum}
+           np.minimum: _nl.minimum, np.divide: _nl.divide, np.max: _nl.maximum, np.min: _nl.minimum,
+           # the reductions nl.max / nl.min name the ALU's max / min as an instruction's op
+           # (the API reference's tensor_scalar_cumulative examples pass op1=nl.max)
+           _nl.max: _nl.maximum, _nl.min: _nl.minimum}
 
 
 def _op(o: Any) -> Any:
@@ -282,7 +285,8 @@ def _returning(name: str, fn: Any) -> Any:
 
     def wrapper(*args: Any, mask: Any = None, dtype: Any = None, **kw: Any) -> Any:
         if "dst" in kw:
-            return fn(**{k: resolve(v, f"nisa.{name}") for k, v in kw.items()})
+            return fn(**{k: _op(v) if callable(v) and not isinstance(v, NkiTensor) else resolve(v, f"nisa.{name}")
+                         for k, v in kw.items()})
         bound = dict(zip(params, args), **kw)
         first = next(v for v in bound.values() if isinstance(v, NkiTensor))
         shape = _SHAPES.get(name, lambda a: a.shape)(first)

@@ -70,3 +70,34 @@ def test_copy_predicated_takes_a_bool_predicate(legacy):
     a, b = rng.random((128, 64), dtype=np.float32), rng.random((128, 64), dtype=np.float32)
     pred = a <= 0.5
     np.testing.assert_array_equal(nki.simulate_kernel(pick, pred, a, b), np.where(pred, a, b))
+
+
+def test_nl_max_as_an_instruction_op(legacy):
+    nki, nl, nisa = legacy
+
+    @nki.jit
+    def running_max(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nisa.tensor_tensor(nl.load(a), nl.load(b), op=nl.max))
+        return out
+
+    rng = np.random.default_rng(6)
+    a, b = rng.random((128, 64), dtype=np.float32), rng.random((128, 64), dtype=np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(running_max, a, b), np.maximum(a, b))
+
+
+def test_nl_max_as_the_op_of_a_dst_first_call(legacy):
+    nki, nl, nisa = legacy
+
+    @nki.jit
+    def cummax(a, imm):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        dst = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_cumulative(src=nl.load(a), dst=dst, op0=nl.add, op1=nl.max, imm0=nl.load(imm))
+        nl.store(out, value=dst)
+        return out
+
+    rng = np.random.default_rng(7)
+    a, imm = rng.standard_normal((128, 64), dtype=np.float32), rng.standard_normal((128, 1), dtype=np.float32)
+    np.testing.assert_allclose(nki.simulate_kernel(cummax, a, imm), np.maximum.accumulate(a + imm, axis=-1),
+                               rtol=1e-6)
