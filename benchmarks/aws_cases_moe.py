@@ -35,8 +35,20 @@ def moe_inputs(block: int) -> Callable[[np.random.Generator, int], tuple[tuple, 
     return make
 
 
-def ref_moe(x, aff, wg, wd, block, pos, b2e):
-    """out[t] = affinity * (silu(x Wg) * (x Wu)) Wd of the token's expert (affinity after the MLP)."""
+def _bf16(z: np.ndarray) -> np.ndarray:
+    """``z`` rounded to BF16 (to nearest even), back in float64."""
+    return z.astype(BF16).astype(np.float64)
+
+
+def ref_moe(x, aff, wg, wd, block, pos, b2e, shards: int = 1):
+    """out[t] = affinity * (silu(x Wg) * (x Wu)) Wd of the token's expert (affinity after the MLP).
+    The kernels hold silu(g) and the gated product in their compute dtype (BF16 here: the
+    ``tmp_lst`` and ``intermediate_states_lst`` tiles of nki-library's moe_cte_utils
+    ``compute_intermediate_states``; g and u stay FP32 in PSUM), so the reference rounds
+    those two values to BF16 where the kernel does. ``shards`` > 1: the kernel splits I into that
+    many contiguous parts, one per core; each core rounds its partial down projection to BF16
+    (``block_new_lst``), the cores exchange them (``sendrecv``) and add them in BF16, and the
+    affinity multiplies that sum into the BF16 block (bwmm_shard_on_I.py's down projection)."""
     x, wg, wd = x.astype(np.float64), wg.astype(np.float64), wd.astype(np.float64)
     e = wg.shape[0]
     a = aff.astype(np.float64).reshape(-1, e)
@@ -45,7 +57,12 @@ def ref_moe(x, aff, wg, wd, block, pos, b2e):
     for tok in range(t):
         k = int(np.argmax(a[tok]))
         g, u = x[tok] @ wg[k, :, 0], x[tok] @ wg[k, :, 1]
-        out[tok] = a[tok, k] * ((g / (1 + np.exp(-g))) * u) @ wd[k]
+        act = _bf16(_bf16(g / (1 + np.exp(-g))) * u)
+        if shards == 1:
+            out[tok] = a[tok, k] * act @ wd[k]
+        else:
+            parts = np.split(np.arange(act.size), shards)
+            out[tok] = _bf16(a[tok, k] * _bf16(sum(_bf16(act[p] @ wd[k][p]) for p in parts)))
     return out
 
 
@@ -89,14 +106,14 @@ MOE_CASES += [
          lambda a, kw, r, al: ref_moe(a[0], a[1], a[2], a[3], a[6], a[4], a[5]), lnc=2,
          post=moe_out, eps_dtype=BF16),
     lib_case("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate_hybrid",
-         _hybrid(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a[1:]), lnc=2,
+         _hybrid(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a[1:], shards=2), lnc=2,
          post=moe_out, eps_dtype=BF16),
     lib_case("core/moe/moe_cte/bwmm_shard_on_block.py", "bwmm_shard_on_block", moe_inputs(128),
          lambda a, kw, r, al: ref_moe(*a), lnc=2, post=moe_out, eps_dtype=BF16),
     lib_case("experimental/moe/forward/bwmm_shard_on_H.py", "blockwise_mm_baseline_shard_hidden", moe_inputs(128),
          lambda a, kw, r, al: ref_moe(*a), lnc=2, post=moe_out, eps_dtype=BF16),
     lib_case("core/moe/moe_cte/bwmm_shard_on_I.py", "blockwise_mm_baseline_shard_intermediate",
-         _post_scale(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a), lnc=2,
+         _post_scale(moe_inputs(256)), lambda a, kw, r, al: ref_moe(*a, shards=2), lnc=2,
          post=moe_out, eps_dtype=BF16),
 ]
 
@@ -116,8 +133,9 @@ def _dropping_inputs(rng: np.random.Generator, r: int, t: int = 2176, h: int = 5
 
 
 def ref_moe_dropping(x, aff, wg, wd, block, pos, b2e):
-    """ref_moe for the tokens that got a slot in their expert's block; dropped tokens give zero."""
-    out = ref_moe(x, aff, wg, wd, block, pos, b2e)
+    """ref_moe (I split over the two cores) for the tokens that got a slot in their expert's
+    block; dropped tokens give zero."""
+    out = ref_moe(x, aff, wg, wd, block, pos, b2e, shards=2)
     kept = np.zeros(out.shape[0], bool)
     kept[pos[pos < out.shape[0]]] = True
     return np.where(kept[:, None], out, 0.0)

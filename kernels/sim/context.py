@@ -261,11 +261,12 @@ class CoreContext:
             for v in views:
                 a = v.alloc
                 if a.on_chip:
-                    sp = span.get(a.id)
-                    if sp is None:
-                        span[a.id] = [seq, seq, a.buffer, a.bytes_per_partition, a.label()]
-                    else:
-                        sp[1] = seq
+                    for key, nbytes in _blocks(v):
+                        sp = span.get(key)
+                        if sp is None:
+                            span[key] = [seq, seq, a.buffer, nbytes, a.label()]
+                        else:
+                            sp[1] = seq
                     if a.buffer is MemoryRegion.sbuf:
                         touched[a.id] = a.bytes_per_partition
         self._touched.append(sum(touched.values()))  # an int per instruction: the spill check's floor
@@ -317,6 +318,23 @@ def dma_shape(views: list[NkiTensor]) -> tuple[int, int]:
         if v.buffer.on_chip:
             partitions = min(partitions, v.partitions) if partitions != rates.PMAX else v.partitions
     return chunks, partitions
+
+
+def _blocks(v: NkiTensor) -> list[tuple[Any, int]]:
+    """(liveness key, bytes per partition) of the parts of ``v``'s allocation it touches: the
+    whole allocation, or for a pre-0.6 tensor with block dims each block it touches (the block
+    dims count logical tiles, not the physical tiles allocated: "nki.compiler.psum.alloc";
+    "multi-buffering is implicit with block dimension": "NKI Block Dimension Migration Guide")."""
+    a = v.alloc
+    if not a.block_elems:
+        return [(a.id, a.bytes_per_partition)]
+    per_part = a.strides[0] if len(a.shape) > 1 else 1
+    lo = hi = v.offset % per_part
+    for stride, count in v.pattern:
+        if count > 1 and stride % per_part:
+            lo, hi = (lo + stride * (count - 1), hi) if stride < 0 else (lo, hi + stride * (count - 1))
+    nbytes = a.block_elems * a.dtype.itemsize
+    return [((a.id, b), nbytes) for b in range(lo // a.block_elems, hi // a.block_elems + 1)]
 
 
 def _peak(spans: list[list]) -> tuple[int, int, list]:

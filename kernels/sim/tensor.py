@@ -59,7 +59,7 @@ class Allocation:
     """
 
     __slots__ = ("id", "shape", "dtype", "buffer", "name", "data", "written", "kind",
-                 "collective_touched", "strides", "size", "on_chip", "__weakref__")
+                 "collective_touched", "strides", "size", "on_chip", "block_elems", "__weakref__")
 
     def __init__(self, aid: int, shape: tuple[int, ...], dtype: np.dtype, buffer: MemoryRegion,
                  name: str, numerics: bool, kind: str = "internal") -> None:
@@ -71,6 +71,9 @@ class Allocation:
         self.name = name
         self.kind = kind  # "internal", "input" or "output"
         self.collective_touched: str | None = None
+        # elements per partition of one block of a pre-0.6 tensor with block dims (each block
+        # is live on its own, ``Context.accesses``); 0: the tensor is one block
+        self.block_elems = 0
         self.size = int(math.prod(shape))
         strides, acc = [], 1
         for n in reversed(shape):

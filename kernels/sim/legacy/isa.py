@@ -32,7 +32,10 @@ tensor_engine, vector_engine, scalar_engine, gpsimd_engine = engine.tensor, engi
 unknown_engine = engine.unknown
 get_nc_version = _isa.get_nc_version
 _NP_OPS = {np.add: _nl.add, np.subtract: _nl.subtract, np.multiply: _nl.multiply, np.maximum: _nl.maximum,
-           np.minimum: _nl.minimum, np.divide: _nl.divide, np.max: _nl.maximum, np.min: _nl.minimum}
+           np.minimum: _nl.minimum, np.divide: _nl.divide, np.max: _nl.maximum, np.min: _nl.minimum,
+           # the reductions nl.max / nl.min name the ALU's max / min as an instruction's op
+           # (the API reference's tensor_scalar_cumulative examples pass op1=nl.max)
+           _nl.max: _nl.maximum, _nl.min: _nl.minimum}
 
 
 def _op(o: Any) -> Any:
@@ -232,10 +235,14 @@ def dma_transpose(src, axes=None, mask=None, dtype=None, dge_mode=dge_mode.unkno
 
 
 def tensor_copy_predicated(src, dst, predicate, mask=None, reverse_pred=False, **kwargs):
-    """Copy ``src`` into ``dst`` where ``predicate`` is non-zero (in place; "nki.isa.tensor_copy_predicated")."""
+    """Copy ``src`` into ``dst`` where ``predicate`` is non-zero (in place; "nki.isa.tensor_copy_predicated").
+    A bool predicate (the API reference's example passes ``np.less_equal(a, 0.8)``) is one byte
+    of 0 or 1 per element, read here as the uint8 the instruction takes."""
+    pred = resolve(predicate, "nisa.tensor_copy_predicated")
+    if isinstance(pred, NkiTensor) and pred.dtype == np.bool_:
+        pred = pred.view(np.uint8)
     return _isa.tensor_copy_predicated(resolve(dst, "nisa.tensor_copy_predicated"),
-                                       resolve(src, "nisa.tensor_copy_predicated"),
-                                       resolve(predicate, "nisa.tensor_copy_predicated"), reverse_pred=reverse_pred)
+                                       resolve(src, "nisa.tensor_copy_predicated"), pred, reverse_pred=reverse_pred)
 
 
 def nc_stream_shuffle(src, dst, shuffle_mask, mask=None, **kwargs):
@@ -278,7 +285,8 @@ def _returning(name: str, fn: Any) -> Any:
 
     def wrapper(*args: Any, mask: Any = None, dtype: Any = None, **kw: Any) -> Any:
         if "dst" in kw:
-            return fn(**{k: resolve(v, f"nisa.{name}") for k, v in kw.items()})
+            return fn(**{k: _op(v) if callable(v) and not isinstance(v, NkiTensor) else resolve(v, f"nisa.{name}")
+                         for k, v in kw.items()})
         bound = dict(zip(params, args), **kw)
         first = next(v for v in bound.values() if isinstance(v, NkiTensor))
         shape = _SHAPES.get(name, lambda a: a.shape)(first)

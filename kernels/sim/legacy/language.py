@@ -12,6 +12,7 @@ applied around them: the masked box of the index space is what the instruction r
 from __future__ import annotations
 
 import builtins
+import math
 import functools
 from typing import Any
 
@@ -132,6 +133,7 @@ def _par_first(make: Any, shape: Any, buffer: Any) -> Any:
         return make(_shape(shape))
     order = (j,) + tuple(i for i in range(len(shape)) if i != j)
     t = make(tuple(int(shape[i]) for i in order))
+    t.alloc.block_elems = math.prod(int(s) for s in shape[j + 1:])  # each block live on its own
     return t.permute(tuple(order.index(i) for i in range(len(shape))))
 
 
@@ -332,6 +334,20 @@ def _tile_op(fn_name: str, rev: bool = False) -> Any:
     return op
 
 
+def _iadd(self: Any, other: Any) -> Any:
+    """``acc += nisa.nc_matmul(...)`` on a PSUM tile: the matmuls accumulating into one PSUM
+    location form an accumulation group whose first matmul overwrites (the nc_matmul pages: the
+    first matmul into a PSUM location writes, later ones accumulate), so onto PSUM that nothing
+    has written yet the first ``+=`` of a PSUM result is its value; otherwise ``acc + other``."""
+    from ..state import current
+    ctx = current()
+    if (isinstance(self, NkiTensor) and isinstance(other, NkiTensor) and self.buffer is _nl.psum
+            and other.buffer is _nl.psum and ctx is not None and ctx.numerics
+            and not np.asarray(self.written_mask()).any()):
+        return other
+    return globals()["add"](self, other)
+
+
 def install_operators() -> None:
     """Tile arithmetic (``a + b``, ``a * 2``, ``-a``, ``a < b``) and index-expression
     subscripts (``t[i_p, i_f]``) on the simulator's tensors: the "NKI Programming Model"
@@ -344,6 +360,7 @@ def install_operators() -> None:
         setattr(NkiTensor, dunder, _tile_op(fn))
         if dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__"):
             setattr(NkiTensor, dunder.replace("__", "__r", 1), _tile_op(fn, rev=True))
+    NkiTensor.__iadd__ = _iadd
     NkiTensor.__neg__ = lambda self: globals()["negative"](self)
     NkiTensor.broadcast_to = lambda self, shape: globals()["broadcast_to"](self, shape)
     if "__setitem__" not in NkiTensor.__dict__ or not getattr(NkiTensor.__setitem__, "_legacy", False):
@@ -366,7 +383,7 @@ def uninstall_operators() -> None:
     """Undo ``install_operators``."""
     for dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__", "__mod__", "__lt__", "__le__",
                    "__gt__", "__ge__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "__radd__",
-                   "__rsub__", "__rmul__", "__rtruediv__", "__rpow__", "__neg__", "broadcast_to"):
+                   "__rsub__", "__rmul__", "__rtruediv__", "__rpow__", "__neg__", "__iadd__", "broadcast_to"):
         if dunder in NkiTensor.__dict__:
             delattr(NkiTensor, dunder)
     if getattr(NkiTensor.__getitem__, "_legacy", False):
