@@ -10,16 +10,6 @@ from trnopt.kernels.sim import shim
 from trnopt.kernels.sim.errors import ConstraintError
 
 
-@pytest.fixture()
-def legacy():
-    shim.install_legacy()
-    from neuronxcc import nki
-    import neuronxcc.nki.isa as nisa
-    import neuronxcc.nki.language as nl
-    yield nki, nl, nisa
-    shim.uninstall_legacy()
-
-
 def test_tiled_add_with_masks(legacy):
     nki, nl, _ = legacy
 

@@ -5,19 +5,7 @@ than PSUM whose blocks are live one at a time. Each against NumPy."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from trnopt.kernels.sim import shim
-
-
-@pytest.fixture()
-def legacy():
-    shim.install_legacy()
-    from neuronxcc import nki
-    import neuronxcc.nki.isa as nisa
-    import neuronxcc.nki.language as nl
-    yield nki, nl, nisa
-    shim.uninstall_legacy()
 
 
 def test_accumulate_onto_fresh_psum_starts_the_group(legacy):
