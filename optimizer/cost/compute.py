@@ -99,6 +99,7 @@ class LayerTime:
     projections: float          # attention projections, forward
     mlp: float                  # MLP or router + experts, forward
     elementwise: float          # norms, residuals, activation, RoPE, forward
+    unsaved_matmuls: float      # the GEMMs torchtitan's per-op SAC does not save, forward (``_unsaved_matmuls``)
 
     @property
     def matmuls(self) -> float:
@@ -111,9 +112,13 @@ class LayerTime:
     def training(self, recompute: str) -> float:
         """Forward + backward (+ what recomputation repeats): the backward of a GEMM is two GEMMs
         (input and weight gradients), of elementwise work two passes; full recompute repeats
-        the forward, selective the attention core, MLP-only the MLP's matmuls."""
+        the forward, selective the attention core, MLP-only the MLP's matmuls, torchtitan's per-op SAC
+        ("op") the GEMMs it does not save and all the elementwise work (its save list holds no
+        elementwise op; the attention kernel's output is saved, so the attention core is not repeated:
+        torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``)."""
         backward = 2 * self.matmuls + self.attention_backward + 2 * self.elementwise
-        repeats = {"none": 0.0, "selective": self.attention_core, "full": self.forward, "mlp": self.mlp}
+        repeats = {"none": 0.0, "selective": self.attention_core, "full": self.forward, "mlp": self.mlp,
+                   "op": self.unsaved_matmuls + self.elementwise}
         repeat = sum(share * repeats[mode] for mode, share in recompute_mix(recompute))  # every-n: the mean layer
         return self.forward + backward + repeat
 
@@ -188,7 +193,26 @@ def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b
            if mdl.gated_mlp else 0.0)                                                  # gate product
         + elementwise_seconds(target, rank, 4 * rope, 2 * BF16 * rope, "vector"))      # RoPE on q and k
     attention, attention_backward = attention_core_seconds(workload, target, rank, tp, cp, b)
-    return LayerTime(attention, attention_backward, projections, mlp, elementwise)
+    return LayerTime(attention, attention_backward, projections, mlp, elementwise,
+                     _unsaved_matmuls(workload, target, rank, tokens, tp, moe, projections + mlp))
+
+
+def _unsaved_matmuls(workload: Workload, target: Target, rank: Rank, tokens: float, tp: int, moe: bool,
+                     matmuls: float) -> float:
+    """Forward seconds of the GEMMs torchtitan's per-op SAC recomputes in the backward (torchtitan 0.2.2,
+    torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``: a block's even-numbered aten.mm
+    calls are not saved). A dense Llama block calls wq, wk, wv, wo, w1, w3, w2 in that order
+    (torchtitan/models/llama3/model/model.py), so wk, wo and w3 run again; with a 2-matrix MLP
+    (wq, wk, wv, wo, w1, w2) wk, wo and w2. Where the block's mm order is not modelled (MLA's
+    projections, MoE's router and grouped expert GEMMs) every second GEMM is taken as half of
+    ``matmuls``, the layer's GEMM time."""
+    mdl, h = workload.model, workload.model.hidden
+    if mdl.mla is not None or moe:
+        return matmuls / 2
+    kv, q = max(mdl.kv_heads, tp) / tp * mdl.head_dim, mdl.heads / tp * mdl.head_dim
+    ffn = mdl.ffn / tp
+    mlp = gemm_seconds(target, rank, tokens, h, ffn) if mdl.gated_mlp else gemm_seconds(target, rank, tokens, ffn, h)
+    return gemm_seconds(target, rank, tokens, h, kv) + gemm_seconds(target, rank, tokens, q, h) + mlp
 
 
 def _mla_seconds(workload: Workload, target: Target, rank: Rank, tokens: float, tp: int) -> float:

@@ -69,6 +69,8 @@ def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch
     if every_nth(recompute):
         return sum(share * activation_bytes_per_layer(workload, tp, cp, micro_batch, mode)
                    for mode, share in recompute_mix(recompute))
+    if recompute == "op":
+        return op_sac_bytes(workload, tp, cp, micro_batch)
     m, tr = workload.model, workload.training
     s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
     mlp = 2 + (6 if m.gated_mlp else 4) * m.ffn_width_per_token / h + 1
@@ -80,6 +82,36 @@ def activation_bytes_per_layer(workload: Workload, tp: int, cp: int, micro_batch
                            "mlp": (attention + 4 + 2 + scores, 9)}.get(recompute, (attention + mlp + 4 + scores, 10))
     sbh = s * b * h
     return sbh * ((kept - sharded_by_sp) / t + sharded_by_sp / (t if tr.sequence_parallel else 1))
+
+
+def op_sac_bytes(workload: Workload, tp: int, cp: int, micro_batch: int) -> float:
+    """One layer, one micro-batch, one rank under torchtitan's per-op selective checkpointing
+    (torchtitan 0.2.2, torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``, policy
+    ``_custom_policy``; save list ``_op_sac_save_list`` in torchtitan/models/llama3/infra/parallelize.py:
+    aten.mm, the SDPA flash/efficient kernels, reduce_scatter_tensor, aten.max). Per block the policy
+    counts aten.mm calls and saves the odd ones: of Llama's seven (models/llama3/model/model.py: wq, wk,
+    wv in Attention.forward, wo; w1, w3, w2 in FeedForward.forward, ``w2(silu(w1(x)) * w3(x))``) it keeps
+    wq, wv, w1 and w2 and recomputes wk, wo and w3. Everything else (norms, RoPE, SiLU, the gate product,
+    the sequence-parallel all-gathers) is recomputed. Kept, bytes per s*b*h (BF16; q, kv as in
+    ``attention_activation_bytes``, f = ``ffn_width_per_token`` / h, a heads):
+        block input (the checkpoint's argument)           2                  (/ t with sequence parallelism)
+        wq, wv outputs                                   (2 q + 2 kv) / t
+        attention output + FP32 logsumexp                (2 q + 4 a / h) / t
+        w1 output                                         2 f / t
+        w2 output (row-parallel: unreduced, full width)   2
+        reduce_scatter outputs of wo and w2 (TP > 1, SP)  4 / t
+    = 15.5 for Llama 3 8B at t = 1 (Korthikanti's selective, as costed here, keeps 36). A non-gated MLP's w2 is the
+    sixth mm and is recomputed instead (w1 kept). MLA and MoE blocks are counted with this dense saved
+    set at their widths (their mm order differs; an approximation). The scores are never stored."""
+    m, tr = workload.model, workload.training
+    s, b, h, t = tr.seq / cp, micro_batch, m.hidden, tp
+    q, kv = m.heads * m.head_dim / h, m.kv_heads * m.head_dim / h
+    f = m.ffn_width_per_token / h
+    sp = tr.sequence_parallel and t > 1
+    sharded = 2 * q + 2 * kv + 2 * q + 4 * m.heads / h + 2 * f
+    down = 2 if m.gated_mlp else 0                # w2's unreduced output, kept whole on each rank
+    scattered = 4 if sp else 0                    # wo's and w2's reduce_scatter outputs
+    return s * b * h * (2 / (t if sp else 1) + (sharded + scattered) / t + down)
 
 
 def attention_activation_bytes(model: Model) -> float:

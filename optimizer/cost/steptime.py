@@ -95,8 +95,8 @@ from trnopt.optimizer.model.layout import Layout, full_layers, hsdp_spans, recom
 from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
-BACKWARD_SHARE = {"none": 2 / 3, "selective": 2 / 3, "mlp": 3 / 4, "full": 3 / 4}  # of a micro-batch's compute (a
-# recomputed part runs in the backward window)
+BACKWARD_SHARE = {"none": 2 / 3, "selective": 2 / 3, "op": 17 / 24, "mlp": 3 / 4, "full": 3 / 4}  # of a micro-batch's
+# compute (a recomputed part runs in the backward window; "op" repeats 3 of a block's 7 GEMMs: (2 + 3/7) / (3 + 3/7))
 
 
 def backward_144ths(recompute: str) -> int:
@@ -126,8 +126,10 @@ def ideal_compute_time(workload: Workload, target: Target, ranks: int, lnc: int)
 
 def tp_collectives(recompute: str, layers: int) -> int:
     """All-reduce equivalents of a stage's ``layers`` per micro-batch: 4 a layer, 6 for a layer
-    recomputed in full (its forward's 2 again)."""
-    return 4 * layers + 2 * full_layers(recompute, layers)
+    recomputed in full (its forward's 2 again), 5 under torchtitan's per-op SAC ("op"): its save list
+    keeps reduce-scatter outputs but not all-gathers (torchtitan/models/llama3/infra/parallelize.py
+    ``_op_sac_save_list``), so the backward gathers the two sequence-parallel inputs again."""
+    return 4 * layers + 2 * full_layers(recompute, layers) + (layers if recompute == "op" else 0)
 
 
 def moe_mlp_collectives(recompute: str, layers: int) -> int:

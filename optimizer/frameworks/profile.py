@@ -116,7 +116,7 @@ class FrameworkProfile:
     zero_stages: tuple[int, ...]
     """ZeRO stages it implements (``Layout.zero``); the search passes them to ``Problem.zero_stages``."""
     recompute: tuple[str, ...]
-    """``Layout.recompute`` values it runs ("none", "selective", "full")."""
+    """``Layout.recompute`` values it runs (of layout.RECOMPUTE: "none", "selective", "op", "full", ...)."""
     schedules: tuple[str, ...]
     """The pipeline schedules its code accepts that trnopt costs (``Layout.schedule`` names, the
     torch.distributed.pipelining spelling; layout.SCHEDULES), named in ``schedule_source``."""
@@ -253,9 +253,12 @@ TORCHTITAN = FrameworkProfile(
     # HSDP replicates those shards (data_parallel_replicate_degree). DDP (nothing sharded) runs only
     # without TP/PP/CP (torchtitan/models/llama3/infra/parallelize.py), so ZeRO-0/1/2 are not offered.
     zero_stages=(3,),
-    # activation_checkpoint.mode none | selective | full; selective is selective_ac_option "op"
-    # (torchtitan/distributed/activation_checkpoint.py) or "n" for every n-th layer (every-n).
-    recompute=("none", "selective", "full", *(f"every-{n}" for n in EVERY_NTH)),
+    # activation_checkpoint.mode none | selective | full; selective is selective_ac_option "op" (trnopt's
+    # "op": per-op SAC, torchtitan/distributed/activation_checkpoint.py _apply_op_sac) or "n" for every
+    # n-th layer (every-n). Korthikanti et al.'s "selective" is not offered: per-op SAC's policy saves by
+    # op type and mm count, never the attention core's inputs alone, and no torchtitan 0.2.2 option
+    # recomputes only the attention core.
+    recompute=("none", "op", "full", *(f"every-{n}" for n in EVERY_NTH)),
     # parallelism.pipeline_parallel_schedule (default "1F1B"), any name torch.distributed.pipelining's
     # get_schedule_class knows; single-stage schedules run one stage a rank, ZBVZeroBubble and DualPipeV
     # exactly two ("v schedules assume 2 stages per rank"). LoopedBFS, also accepted, is not costed.

@@ -62,8 +62,10 @@ MODEL_PRESETS = {
     "deepseek-v3": ("deepseek_v3", "671B"),
 }
 
-# trnopt recompute -> (activation_checkpoint.mode, selective_ac_option or None)
-AC_MODES = {"none": ("none", None), "selective": ("selective", "op"), "full": ("full", None),
+# trnopt recompute -> (activation_checkpoint.mode, selective_ac_option or None). Korthikanti et al.'s
+# "selective" is not a torchtitan mode (profile.TORCHTITAN.recompute): a layout carrying it is written with
+# per-op SAC, the nearest torchtitan has, and the header's WARNING says the plan was costed otherwise.
+AC_MODES = {"none": ("none", None), "op": ("selective", "op"), "selective": ("selective", "op"), "full": ("full", None),
             **{f"every-{n}": ("selective", str(n)) for n in EVERY_NTH}}
 
 
@@ -138,8 +140,9 @@ def job_config(workload: Workload, target: Target, layout: Layout,
     mode, option = AC_MODES[lay.recompute]
     ac = {"mode": (mode, f"trnopt recompute: {lay.recompute}")}
     if option == "op":
-        ac["selective_ac_option"] = (option, "per-op SAC: saves matmul and attention outputs (every second "
-                                     "mm recomputed); trnopt costs it as Korthikanti et al.'s selective recompute")
+        ac["selective_ac_option"] = (option, "per-op SAC: saves every second matmul's output, the attention "
+                                     "kernel's and the reduce-scatters'; the other matmuls and all elementwise "
+                                     "ops are recomputed (trnopt recompute \"op\")")
     elif option is not None:
         ac["selective_ac_option"] = (option, f"every {option}-th transformer block of a stage checkpointed in full, "
                                      "the others keep their activations")

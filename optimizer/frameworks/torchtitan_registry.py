@@ -46,7 +46,7 @@ PRESETS = {
 }
 HF_ASSETS = {"llama3-405b": "./assets/hf/Llama-3.1-405B"}  # the llama3_405b preset's, as its base is another
 # trnopt recompute -> the 0.3 activation-checkpoint config expression
-AC = {"none": "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}
+AC = {"none": "None", "op": "SelectiveAC.Config()", "full": "FullAC.Config()"}
 # the 0.2.x parallelism keys that 0.3's ParallelismConfig also has (expert_tensor_parallel_degree is gone)
 PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                     "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_schedule",

@@ -31,7 +31,11 @@ EVERY_NTH = (2, 4)
 """n of the "every-n" recompute modes: every n-th layer of a stage recomputed in full, the
 others not (torchtitan's activation_checkpoint mode "selective" with selective_ac_option "n":
 torchtitan/distributed/activation_checkpoint.py wraps the i-th block when i % n == 0)."""
-RECOMPUTE = ("none", "selective", "mlp", "full") + tuple(f"every-{n}" for n in EVERY_NTH)
+RECOMPUTE = ("none", "selective", "op", "mlp", "full") + tuple(f"every-{n}" for n in EVERY_NTH)
+"""Per-layer recompute modes: "selective" is Korthikanti et al.'s (2022) attention-core recompute
+(NxD, Megatron); "op" is torchtitan's per-op selective checkpointing (activation_checkpoint mode
+"selective", selective_ac_option "op"), which saves every second matmul's output and the attention
+kernel's (cost/memory.py ``op_sac_bytes``, cost/compute.py ``LayerTime.op_repeat``)."""
 def every_nth(recompute: str) -> int:
     """n of an "every-n" recompute mode; 0 for the others."""
     return int(recompute[len("every-"):]) if recompute.startswith("every-") else 0

@@ -53,10 +53,10 @@ def deepseek_trn3_gen2() -> tuple[Target, Layout]:
     """TP4 in a chip, EP8 over two servers, DP2 beyond them, PP9 across the rest of the switch."""
     t = load_target("trn3-gen2")
     return t, build(t, 1, {"tp": {"core": 4}, "ep": {"switch": 8}, "dp": {"switch": 2}, "pp": {"switch": 9}},
-                    recompute="selective")
+                    recompute="op")
 
 
 def llama8b_trn2() -> tuple[Target, Layout]:
     """TP4 on the torus x axis with DP over the cores: a placement that needs core binding."""
     t = load_target("trn2")
-    return t, build(t, 1, {"tp": {"x": 4}, "dp": {"core": 4, "y": 4}}, recompute="selective", micro_batch=1)
+    return t, build(t, 1, {"tp": {"x": 4}, "dp": {"core": 4, "y": 4}}, recompute="op", micro_batch=1)

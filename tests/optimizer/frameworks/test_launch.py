@@ -113,7 +113,7 @@ def test_a_launch_without_the_core_binding_fails_check_map(tmp_path):
 
 def test_a_layout_torchrun_cannot_produce_is_refused():
     target, _ = llama405b_trn2u_x2()
-    lay = build(target, 2, {"tp": {"ring": 4}, "dp": {"core": 4, "x": 4, "y": 4, "efa": 2}})
+    lay = build(target, 2, {"tp": {"ring": 4}, "dp": {"core": 4, "x": 4, "y": 4, "efa": 2}}, recompute="full")
     workload = Workload(load_model("llama3-405b"), Training(seq=8192, global_batch=1024))
     with pytest.raises(InputError, match="consecutive ranks") as err:
         L.plan(workload, target, lay, "slurm", "python -m torchtitan.train", "layout.json")

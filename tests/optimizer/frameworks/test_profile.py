@@ -39,7 +39,8 @@ def test_torchtitan_runs_fsdp_with_hsdp_and_its_schedules():
     assert tt.schedule(lay) == "1F1B"
     assert "ZeRO-1" in tt.supports(replace(lay, zero=1, dp_replicate=1), W405)
     # all of dp replicated, nothing sharded: torchtitan would run DDP, which it cannot with TP
-    ddp = build(t, 2, {"tp": {"core": 4, "x": 4, "y": 4}, "pp": {"ring": 4}, "dp": {"efa": 2}}, dp_replicate=2)
+    ddp = build(t, 2, {"tp": {"core": 4, "x": 4, "y": 4}, "pp": {"ring": 4}, "dp": {"efa": 2}}, dp_replicate=2,
+                recompute="op")
     assert ddp.dp_shard == 1 and "DDP" in tt.supports(ddp, W405)
 
 
@@ -63,7 +64,8 @@ def test_schedule_names_follow_interleave():
 
 def test_each_framework_runs_the_schedules_its_code_names():
     t = load_target("trn2u")
-    lay = build(t, 1, {"tp": {"core": 4}, "dp": {"x": 4, "y": 4}, "pp": {"ring": 4}}, interleave=2)
+    lay = build(t, 1, {"tp": {"core": 4}, "dp": {"x": 4, "y": 4}, "pp": {"ring": 4}}, interleave=2,
+                recompute="full")
     for name in ("ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"):
         split = replace(lay, schedule=name)
         assert P.TORCHTITAN.schedule(split) == name

@@ -89,7 +89,7 @@ def test_layout_files_carry_their_framework_and_kernels_and_launch_refuse_what_i
     path = tmp_path / "tp16.json"
     # the same TP16 with torchtitan's ZeRO-3, said to be for torchtitan
     path.write_text(json.dumps({"problem": {**doc["problem"], "framework": "torchtitan"},
-                                "layout": {**doc["layout"], "zero": 3}}))
+                                "layout": {**doc["layout"], "zero": 3, "recompute": "op"}}))
     for argv in (["kernels", "--layout", path], ["launch", "--layout", path, "--scheduler", "torchrun",
                                                   "--out", tmp_path / "out"]):
         code = main([str(a) for a in argv])

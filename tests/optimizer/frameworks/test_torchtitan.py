@@ -56,9 +56,9 @@ def test_job_config_parses_and_its_degrees_multiply_to_the_world_size(model):
         assert par["pipeline_parallel_schedule"] == "1F1B"
     else:  # gradient accumulation: global = local x dp x accumulation steps
         assert training.global_batch == cfg["training"]["local_batch_size"] * lay.dp * micro
-    mode = {"none": "none", "selective": "selective", "full": "full"}[lay.recompute]
+    mode = {"none": "none", "op": "selective", "full": "full"}[lay.recompute]
     assert cfg["activation_checkpoint"]["mode"] == mode
-    assert ("selective_ac_option" in cfg["activation_checkpoint"]) is (lay.recompute == "selective")
+    assert ("selective_ac_option" in cfg["activation_checkpoint"]) is (lay.recompute == "op")
     # the overrides say the same as the file
     over = _parse_overrides(T.overrides(workload, target, lay))
     for section, keys in cfg.items():
@@ -125,7 +125,7 @@ def test_solve_refuses_a_format_the_framework_cannot_run(capsys):
 def test_the_export_writes_the_schedule_the_layout_carries():
     target, _ = llama405b_trn2u_x2()
     workload = Workload(load_model("llama3-70b"), Training(seq=8192, global_batch=256))
-    plain = build(target, 1, {"tp": {"core": 4}, "dp": {"x": 4, "y": 4}, "pp": {"ring": 4}})
+    plain = build(target, 1, {"tp": {"core": 4}, "dp": {"x": 4, "y": 4}, "pp": {"ring": 4}}, recompute="full")
     gpipe = replace(plain, schedule="GPipe")
     text = T.job_toml(workload, target, gpipe)
     assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == "GPipe" and "WARNING" not in text
@@ -133,3 +133,13 @@ def test_the_export_writes_the_schedule_the_layout_carries():
     text = T.job_toml(workload, target, zbv)
     assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
     assert "# WARNING: torchtitan cannot run ZBVZeroBubble" in text and "torch.compile" in text
+
+
+def test_the_export_writes_op_as_selective_op_and_warns_on_korthikanti_selective():
+    target, lay = llama8b_trn2()
+    workload = Workload(load_model("llama3-8b"), Training(seq=8192, global_batch=256))
+    ac = T.job_config(workload, target, lay)["activation_checkpoint"]
+    assert lay.recompute == "op" and ac["mode"][0] == "selective" and ac["selective_ac_option"][0] == "op"
+    assert "WARNING" not in T.job_toml(workload, target, lay)
+    text = T.job_toml(workload, target, replace(lay, recompute="selective"))
+    assert "# WARNING: torchtitan has no 'selective' recomputation" in text

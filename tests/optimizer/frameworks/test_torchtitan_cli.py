@@ -98,7 +98,7 @@ def test_the_config_module_loads_in_torchtitan_0_3_0(model, fsdp, tmp_path):
     cfg = T.job_config(workload, target, lay, fsdp)
     par, tr = {k: v[0] for k, v in cfg["parallelism"].items()}, {k: v[0] for k, v in cfg["training"].items()}
     trainer = "torchtitan.experiments.graph_trainer.trainer" if fsdp == "simple" else "torchtitan.trainer"
-    ac = {"full": "FullAC.Config", "selective": "SelectiveAC.Config", "none": "NoneType"}[lay.recompute]
+    ac = {"full": "FullAC.Config", "op": "SelectiveAC.Config", "none": "NoneType"}[lay.recompute]
     assert r.stdout.split() == [trainer, {"llama3-405b": "405B", "llama3-8b": "8B"}[model], ac, "True", "neuron",
                                 *map(str, (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
                                            lay.tp, lay.pp, lay.cp, tr["local_batch_size"], tr["global_batch_size"],
