@@ -22,7 +22,7 @@ from trnopt.optimizer.model import bounds
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
 from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
-from trnopt.optimizer.frameworks.profile import PROFILES, check_runs
+from trnopt.optimizer.frameworks.profile import PROFILES, check_runs, profile
 from trnopt.optimizer.model.layoutfile import problem_dict
 from trnopt.optimizer.model.placement import rank_map_summary
 from trnopt.optimizer.model.target import GIB, check_domains, load_target
@@ -43,7 +43,8 @@ def register(sub) -> None:
     p.add_argument("--ep", type=ascii_int, help="expert-parallel degree (carved out of dp); default 1")
     p.add_argument("--cp", type=ascii_int, help="context-parallel degree; default 1")
     p.add_argument("--zero", type=ascii_int, default=1, help="ZeRO stage 0-3 (default 1)")
-    p.add_argument("--recompute", default="selective", help=f"{', '.join(RECOMPUTE)} (default selective)")
+    p.add_argument("--recompute", help=f"{', '.join(RECOMPUTE)} (default selective; op, torchtitan's per-op "
+                   "checkpointing, with --framework torchtitan, which has no attention-only recomputation)")
     p.add_argument("--micro-batch", type=ascii_int, default=1, help="sequences per micro-batch (default 1)")
     p.add_argument("--interleave", type=ascii_int, default=1, help="interleaved stages per pipeline rank (default 1)")
     p.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1F1B, or "
@@ -68,6 +69,8 @@ def check_layout_flags(args) -> None:
     check_int(args.zero, "--zero", 0, 3)
     check_int(args.micro_batch, "--micro-batch", 1, bounds.MAX_GLOBAL_BATCH)
     check_int(args.interleave, "--interleave", 1, bounds.MAX_LAYERS)
+    if args.recompute is None:
+        args.recompute = "op" if args.framework and "selective" not in profile(args.framework).recompute else "selective"
     if args.recompute not in RECOMPUTE:
         raise InputError("--recompute", "recompute", f"must be one of {', '.join(RECOMPUTE)}, got {args.recompute!r}")
     if args.schedule is not None and args.schedule not in SCHEDULES:

@@ -42,3 +42,14 @@ def test_a_framework_that_cannot_run_the_schedule_refuses_it(capsys):
     code, _, err = run(capsys, "--interleave", 2, "--schedule", "ZBVZeroBubble", "--zero", 3,
                        "--framework", "torchtitan")
     assert code == 2 and "torch.compile" in err
+
+
+def test_recompute_defaults_to_what_the_framework_offers(capsys):
+    """torchtitan has no attention-only recomputation: under it the default is its per-op checkpointing."""
+    base = ["evaluate", "--target", "trn2", "--model", "llama3-8b", "--instances", "1", "--tp", "8", "--zero", "3"]
+    main(base + ["--framework", "torchtitan"])
+    assert "op recompute" in capsys.readouterr().out
+    main(base + ["--zero", "1", "--framework", "nxd"])
+    assert "selective recompute" in capsys.readouterr().out
+    assert main(base + ["--framework", "torchtitan", "--recompute", "selective"]) == 2
+    assert "no 'selective' recomputation" in capsys.readouterr().err
