@@ -198,10 +198,37 @@ class _Hashable:
 @lru_cache(maxsize=64)
 def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
                 overlap_key: _Hashable, schedule: str | None) -> dict[str, f.Expr]:
+    """The terms under one overlap table: the TP term with its hidden shares, and the terms that
+    contain it (work, bubble, DP window); every other tree is ``_overlap_free``'s, one object for
+    every table (the report's search with no overlap then reuses its factors' entries and bounds)."""
+    overlap, h = overlap_key.value, workload.model.hidden
+    base = _overlap_free(workload, target, axes, lnc, schedule)
+    compute, m = base["compute"], base["m"]
+
+    @functools.lru_cache(maxsize=None)
+    def kept(span) -> float:
+        return 1 - tp_hidden(overlap, span, target.name, lnc, shape_class(h))
+    tp = f.add(base["tp_term"](kept, "tp_ar"), base["kv_grads"], name="tp")
+    work = f.add(compute, tp, base["cp"], base["ep"], base["pp_send"], name="work")
+    # bubble: num(pp) / (den(v) m) * W; the default schedules' den is v itself
+    bubble = f.ratio(f.prod(base["bubble_num"], work), f.prod(base["bubble_den"], m), name="pp_bubble")
+    grads, layers_per_stage = base["grads"], base["layers_per_stage"]
+    window = f.ratio(f.prod(f.count("recompute", backward_144ths, "backward_144ths"), work),
+                     f.prod(m, coef=144), name="dp_window")
+    dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
+    return {"compute": compute, "tp": tp, "cp": base["cp"], "ep": base["ep"], "pp_send": base["pp_send"],
+            "pp_bubble": bubble, "dp": dp, "zero3": base["zero3"], "optimizer": base["optimizer"],
+            "tp_raw": base["tp_raw"]}
+
+
+@lru_cache(maxsize=64)
+def _overlap_free(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc: int,
+                  schedule: str | None) -> dict:
+    """The trees no overlap table changes, the builder of the TP term (``tp_term``) and the
+    pieces ``_step_terms`` assembles the others from."""
     # One function of ~170 lines on purpose: every term is a tree over the same local
     # quantities (R, c, B, s, h, a, m, the runtime), and read in order it is the module
     # docstring's list; split, each piece would take those eight names as arguments.
-    overlap = overlap_key.value
     mdl, tr = workload.model, workload.training
     R, c = math.prod(a.size for a in axes), axes[0].size
     B, s, h, a = tr.global_batch, tr.seq, mdl.hidden, tr.activation_bytes
@@ -257,15 +284,12 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         """One collective of ``size`` bytes per rank, by the algorithm the runtime picks for it."""
         return cc.collective_time(op, size, span, c, runtime) if span else 0.0
 
-    @functools.lru_cache(maxsize=None)
-    def kept(span) -> float:
-        return 1 - tp_hidden(overlap, span, target.name, lnc, shape_class(h))
-
-    # TP: n L_s pp * (B tp cp / (R b)) t_AR(s/cp b h a), times (1 - hidden) after overlap
-    def tp_term(hides: bool, name: str) -> f.Expr:
+    # TP: n L_s pp * (B tp cp / (R b)) t_AR(s/cp b h a), times (1 - hidden) after overlap; ``kept``
+    # gives 1 - hidden of a span (None: the raw term)
+    def tp_term(kept, name: str) -> f.Expr:
         @functools.lru_cache(maxsize=None)  # the search's bounds and tables ask each entry many times
         def per_stage_layer(span, cp, b):
-            return ((kept(span) if hides else 1.0) * B * _span_size(span) * cp / (R * b)
+            return ((kept(span) if kept else 1.0) * B * _span_size(span) * cp / (R * b)
                     * once("all_reduce", s / cp * b * h * a, span))
         return f.prod(f.count(("recompute", "pp"), lambda rc, pp: (tp_collectives(rc, layers(pp)) - moe_mlp_collectives(
             rc, moe_layers(pp))) * pp, "tp_npp"),
@@ -284,8 +308,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         return B * tp * cp / (R * b) * once("all_reduce", 2 * s / cp * b * mdl.head_dim * FP32, span)
     kv_grads = f.prod(f.count("pp", lambda pp: layers(pp) * pp, "kv_grads_lpp"),
                       f.table(("span.tp", "cp", "micro_batch"), kv_grads_each, "kv_grads_each"), name="kv_grads")
-    tp_raw, tp = f.add(tp_term(False, "tp_raw_ar"), kv_grads, name="tp_raw"), f.add(tp_term(True, "tp_ar"), kv_grads,
-                                                                                       name="tp")
+    tp_raw = f.add(tp_term(None, "tp_raw_ar"), kv_grads, name="tp_raw")
 
     # CP: 2 L_s pp * (B tp cp / (R b)) t_AG(b s max(kv, tp) / tp * 2 d a): a rank holds max(kv, tp) / tp
     # K/V heads and gathers them for the whole sequence
@@ -329,12 +352,10 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         f.table("span.pp", lambda sp: 2 * B * _span_size(sp) * s * h * a * per_byte("p2p", sp) / R, "pp_bw"),
         f.prod(m, f.table("span.pp", lambda sp: 2 * fixed("p2p", sp), "pp_lat"))), name="pp_send")
 
-    work = f.add(compute, tp, cp, ep, pp_send, name="work")
-    # bubble: num(pp) / (den(v) m) * W; the default schedules' den is v itself
+    # the bubble's num(pp) and den(v) (_step_terms); the default schedules' den is v itself
     den = f.decision("interleave") if schedule is None else f.count(
         "interleave", lambda v: bubble_den(schedule, v), "bubble_den")
-    bubble = f.ratio(f.prod(f.count("pp", lambda pp: bubble_num(schedule, pp), "bubble_num"), work),
-                     f.prod(den, m), name="pp_bubble")
+    num = f.count("pp", lambda pp: bubble_num(schedule, pp), "bubble_num")
 
     # DP: gradients of dense weights over span.dp (ep x edp), of experts over span.edp
     experts = mdl.expert_params()
@@ -383,10 +404,7 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         return f.add(*parts, name=name)
 
     layers_per_stage = f.count("pp", layers, "layers_per_stage")
-    grads = group_time("grads", "dp_comm")
-    window = f.ratio(f.prod(f.count("recompute", backward_144ths, "backward_144ths"), work),
-                     f.prod(m, coef=144), name="dp_window")
-    dp = f.maximum(f.ratio(grads, layers_per_stage), f.sub(grads, window), name="dp")
+    grads = group_time("grads", "dp_comm")  # the DP term, max(grads / L_s, grads - window): _step_terms
 
     # ZeRO-3, per micro-batch: two gathers and a gradient reduce-scatter, under the compute but the
     # first layer's gather and the last layer's reduce-scatter. The indicator first, so that no
@@ -410,8 +428,9 @@ def _step_terms(workload: Workload, target: Target, axes: tuple[Axis, ...], lnc:
         f.prod(sharded, coef=seconds_per_param * (dense + experts) / R),
         f.prod(z0, f.decision("dp"), kv_extra), f.prod(sharded, kv_extra)), name="optimizer")
 
-    return {"compute": compute, "tp": tp, "cp": cp, "ep": ep, "pp_send": pp_send, "pp_bubble": bubble, "dp": dp,
-            "zero3": zero3, "optimizer": optimizer, "tp_raw": tp_raw}
+    return {"compute": compute, "m": m, "tp_term": tp_term, "kv_grads": kv_grads, "tp_raw": tp_raw, "cp": cp,
+            "ep": ep, "pp_send": pp_send, "bubble_num": num, "bubble_den": den, "grads": grads,
+            "layers_per_stage": layers_per_stage, "zero3": zero3, "optimizer": optimizer}
 
 
 def step_time(workload: Workload, layout: Layout, target: Target,

@@ -133,6 +133,7 @@ class PointBounder:
 
     def __init__(self, entries: FactorEntries | None = None):
         self._tables: dict[tuple, tuple] = {}
+        self._keep: dict[int, f.Factor] = {}  # the tables are keyed by id: keep the factors alive
         self.entries = entries or FactorEntries()
 
     def intervals(self, exprs: Sequence[f.Expr], lists: Mapping[str, Sequence[Any]],
@@ -181,6 +182,7 @@ class PointBounder:
         key = (id(factor), tuple(tags[k] for k in factor.keys), tuple(fixed))
         table = self._tables.get(key)
         if table is None:
+            self._keep.setdefault(id(factor), factor)
             lo, hi = [], []
             for combo in itertools.product(*(lists[k] for k in fixed)):
                 chosen = dict(zip(fixed, combo))

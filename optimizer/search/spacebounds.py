@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from trnopt.optimizer.search.bounds import Bounder, FactorEntries, PointBounder,
 from trnopt.optimizer.search.space import Space, block_step, divisors, prime_exponents
 
 if TYPE_CHECKING:  # CP-SAT (OR-Tools) is imported only when a branch needs it
+    from trnopt.optimizer.cost.problem import Problem
     from trnopt.optimizer.search.cpsat import LayoutModel
 
 PLACED = ("tp", "cp", "ep", "edp", "pp")  # the variable family of each Layout placement row, in DIMS order
@@ -92,8 +93,7 @@ class SpaceBounds:
         self.interleaves = self.space.interleaves if "pp" in self.active else (1,)
         self.recompute_values, self.zero_values = tuple(p.recompute), tuple(p.zero_stages)
         self.hsdp_values = self.space.hsdp_values
-        entries = FactorEntries()
-        self.bounder, self.points_bounder = Bounder(entries), PointBounder(entries)
+        self.bounder, self.points_bounder = _bounders(replace(p, overlap=None), self.space.lnc)
         self.usable = self.problem.target.chip.hbm_bytes * (1 - self.problem.headroom)
         self._rows = self._rows_by_degree()
         self._spans: dict[tuple, tuple] = {}
@@ -451,6 +451,17 @@ def _placements(axes: tuple, active: tuple[str, ...], inside: tuple[int, ...] | 
             yield from extend(i + 1, tuple(n // r for n, r in zip(left, row)), chosen + [row], after)
 
     yield from extend(0, tuple(a.size for a in axes), [], ((1,) * len(axes), False))
+
+
+@functools.lru_cache(maxsize=4)  # a problem's LNCs (1 or 2), under both tables
+def _bounders(problem: Problem, lnc: int) -> tuple[Bounder, PointBounder]:
+    """The bounders of a problem's space at ``lnc``, kept for the process and shared by the
+    problem under every overlap table (``problem`` comes with none): their caches are keyed by
+    tree node and by the sets of decision values the space defines, and the trees no overlap
+    table changes are the same objects under every table (steptime._overlap_free), so the
+    report's search with no overlap bounds only the TP term and the terms that contain it anew."""
+    entries = FactorEntries()
+    return Bounder(entries), PointBounder(entries)
 
 
 @functools.lru_cache(maxsize=4096)

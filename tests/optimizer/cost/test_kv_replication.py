@@ -23,18 +23,24 @@ def seed(tp: int = 64, dp: int = 2, zero: int = 1, batch: int = 1024) -> tuple:
     return t, lay, Workload(W405.model, Training(global_batch=batch))
 
 
+def clear_trees():
+    """Drop the cached step-time trees (those under an overlap table and those under none)."""
+    steptime._step_terms.cache_clear()
+    steptime._overlap_free.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def fresh_step_terms():
     """The step-time trees are cached by workload: none built while patched may outlive its test."""
-    steptime._step_terms.cache_clear()
+    clear_trees()
     yield
-    steptime._step_terms.cache_clear()
+    clear_trees()
 
 
 def without_replicas(monkeypatch):
     monkeypatch.setattr(memory, "kv_replica_params", lambda model, tp: 0)
     monkeypatch.setattr(steptime, "kv_replica_params", lambda model, tp: 0)
-    steptime._step_terms.cache_clear()
+    clear_trees()
 
 
 def test_replicated_parameters_by_hand():
