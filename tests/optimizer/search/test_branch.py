@@ -48,7 +48,7 @@ def _point_floor(bounds: SpaceBounds, layout) -> float:
              "micro_batches": (layout.micro_batches(bounds.problem.workload),), "interleave": (layout.interleave,)}
     lists.update({key: [bounds._span(row)] for key, row in rows.items()})
     index = {key: np.zeros(1, dtype=int) for key in lists}
-    ranged = {k: base.values[k] for k in ("tp", "cp", "ep", "pp", "edp", "dp", "hsdp")}
+    ranged = {k: base.values[k] for k in ("tp", "cp", "ep", "pp", "edp", "dp", "hsdp", "ep_fold")}
     steps = [bounds.lm.steps[name] for name in TERMS if name != "tp_raw"]
     tags = {k: (k, tuple(v)) for k, v in {**lists, **ranged}.items()}
     values = bounds.points_bounder.intervals(steps, lists, ranged, index, tags)
