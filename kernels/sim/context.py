@@ -220,8 +220,11 @@ class CoreContext:
         mask = np.array(v.written_mask())  # a snapshot, as in ``read``
         if mask.all():
             return v.array(), None
-        if not mask.any():
-            self.read(v, op, name, role)
+        if not mask.any() or (self.lnc > 1 and self.shared_hbm.is_tracked(v.alloc)):
+            # Shared elements unwritten so far may be about to be written by the other program:
+            # recorded and judged by the accesses (``lnc``), and the copy counts as written, so
+            # that no later read of it decides the outcome by which thread ran first.
+            return np.array(self.read(v, op, name, role)), None
         return np.array(v.array()), np.array(mask)
 
     def write_moved(self, v: NkiTensor, value: np.ndarray, mask: np.ndarray | None) -> None:
