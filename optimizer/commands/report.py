@@ -125,10 +125,23 @@ def overlap_source_line(e: Evaluation, hidden, target, hidden_size: int) -> str:
             f"{hidden.provenance_text()}{stale_note(hidden)}")
 
 
+def simulator_version() -> str:
+    """The installed simulator's ``__version__``, read from its package's source: importing the
+    simulator for one string would cost a report most of a CPU-second (NumPy dtypes, ml_dtypes)."""
+    import ast
+    import importlib.util
+
+    origin = importlib.util.find_spec("trnopt.kernels.sim").origin  # imports trnopt.kernels only
+    with open(origin, encoding="utf-8") as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+                return ast.literal_eval(node.value)
+    raise RuntimeError(f"{origin}: no __version__")
+
+
 def stale_note(table) -> str:
     """'' when the table was written by this simulator version, else a note saying it was not."""
-    from trnopt.kernels.sim import __version__
-
+    __version__ = simulator_version()
     v = table.simulator_version
     return "" if v in (None, __version__) else f"; this simulator is {__version__}: regenerate the table"
 

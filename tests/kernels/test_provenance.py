@@ -27,3 +27,15 @@ def test_names_beyond_the_reference_table():
     assert list(language.range(2, 8, 3)) == [2, 5] and language.bool is language.bool_
     assert language.bool_.itemsize == 1  # "stored as a byte"
     assert nki_typing.mutable_tensor is nki_typing.tensor
+
+
+def test_the_report_reads_the_simulators_version_without_importing_it():
+    """The solve report names the simulator version; reading it must not import the simulator."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from trnopt.optimizer.commands.report import simulator_version; v = simulator_version(); "
+            "imported = 'trnopt.kernels.sim' in sys.modules; import trnopt.kernels.sim as sim; "
+            "print(imported, v == sim.__version__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True"]
