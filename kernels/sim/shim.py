@@ -17,7 +17,32 @@ import sys
 from types import ModuleType
 from typing import Any
 
-_saved: dict[str, Any] | None = None
+# What sys.modules held under each routed name before ``install`` ("nki") and
+# ``install_legacy`` ("neuronxcc.nki"), keyed by that top module; absent: not installed.
+_saved: dict[str, dict[str, Any]] = {}
+
+
+def _route(mods: dict[str, ModuleType], top: str, force: bool, again: str) -> None:
+    """Put ``mods`` in sys.modules, keeping what they replace; a real ``top`` package already
+    imported (one with ``jit``, not the empty PyPI placeholder) only with ``force``."""
+    current = sys.modules.get(top)
+    if current is not None and current is not mods[top] and hasattr(current, "jit") and not force:
+        raise RuntimeError(f"a real {top.split('.')[0]} package is already imported; {again}(force=True) replaces it")
+    _saved.setdefault(top, {name: sys.modules.get(name) for name in mods})
+    sys.modules.update(mods)
+
+
+def _restore(top: str) -> bool:
+    """Put back what ``_route`` replaced for ``top``; False when it was not routed."""
+    saved = _saved.pop(top, None)
+    if saved is None:
+        return False
+    for name, mod in saved.items():
+        if mod is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = mod
+    return True
 
 
 def _mapping() -> dict[str, ModuleType]:
@@ -29,31 +54,14 @@ def _mapping() -> dict[str, ModuleType]:
 
 def install(force: bool = False) -> ModuleType:
     """Route ``import nki`` and its submodules to the simulator; returns the ``nki`` module."""
-    global _saved
     mods = _mapping()
-    current = sys.modules.get("nki")
-    if current is not None and current is not mods["nki"] and hasattr(current, "jit") and not force:
-        raise RuntimeError("a real nki package is already imported; install(force=True) replaces it")
-    if _saved is None:
-        _saved = {name: sys.modules.get(name) for name in mods}
-    sys.modules.update(mods)
+    _route(mods, "nki", force, "install")
     return mods["nki"]
 
 
 def uninstall() -> None:
     """Undo ``install``."""
-    global _saved
-    if _saved is None:
-        return
-    for name, mod in _saved.items():
-        if mod is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = mod
-    _saved = None
-
-
-_saved_legacy: dict[str, Any] | None = None
+    _restore("nki")
 
 
 def _legacy_mapping() -> dict[str, ModuleType]:
@@ -69,27 +77,14 @@ def _legacy_mapping() -> dict[str, ModuleType]:
 
 def install_legacy(force: bool = False) -> ModuleType:
     """Route ``import neuronxcc.nki`` (the pre-0.6 API) to the simulator; returns ``neuronxcc.nki``."""
-    global _saved_legacy
     mods = _legacy_mapping()
-    current = sys.modules.get("neuronxcc.nki")
-    if current is not None and current is not mods["neuronxcc.nki"] and hasattr(current, "jit") and not force:
-        raise RuntimeError("a real neuronxcc package is already imported; install_legacy(force=True) replaces it")
-    if _saved_legacy is None:
-        _saved_legacy = {name: sys.modules.get(name) for name in mods}
-    sys.modules.update(mods)
+    _route(mods, "neuronxcc.nki", force, "install_legacy")
     mods["neuronxcc.nki.language"].install_operators()
     return mods["neuronxcc.nki"]
 
 
 def uninstall_legacy() -> None:
     """Undo ``install_legacy``."""
-    global _saved_legacy
-    if _saved_legacy is None:
-        return
-    sys.modules["neuronxcc.nki.language"].uninstall_operators()
-    for name, mod in _saved_legacy.items():
-        if mod is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = mod
-    _saved_legacy = None
+    if "neuronxcc.nki" in _saved:
+        sys.modules["neuronxcc.nki.language"].uninstall_operators()
+    _restore("neuronxcc.nki")
