@@ -50,6 +50,9 @@ class Case:
     expect_error: str | None = None  # a regex the simulator's error must match
     hardware_only: str = ""  # why it cannot run on a CPU simulator (not counted)
     module: str | None = None  # import as a package module (nki-library)
+    # the file also imports the pre-0.6 API (``neuronxcc.nki``), as nki-library's router_topk
+    # does for its type annotations: route that name to the simulator too while importing
+    legacy_api: bool = False
     post: Callable[[Any], Any] | None = None  # the kernel's output into the reference's layout
     # for subkernels that take or return SBUF tensors: kernel -> a small kernel written here
     # that moves HBM arguments to SBUF, calls it, and copies its SBUF results to HBM
@@ -158,3 +161,27 @@ def gathered(al: list, key: int = 0, axis: int = 0) -> np.ndarray:
 def replica_group(n: int) -> Any:
     import nki.collectives as ncc  # the simulator's, after install()
     return ncc.ReplicaGroup([list(range(n))])
+
+
+def bf16(z: np.ndarray) -> np.ndarray:
+    """``z`` rounded to BF16 (to nearest even), back in float64."""
+    return z.astype(BF16).astype(np.float64)
+
+
+def psum_matmul(stationary: np.ndarray, moving: np.ndarray, tile: int = 128, psum_free: int = 512) -> np.ndarray:
+    """``stationary.T @ moving`` as the Tensor engine's ``nc_matmul`` calls build it: one call
+    per ``tile`` x ``tile`` stationary tile and ``psum_free`` columns of moving (the PE array's
+    128 rows and columns; a 2 KiB PSUM bank holds 512 FP32 per partition), each product taken
+    in FP32 and added into the FP32 PSUM accumulator contraction tile after contraction tile
+    (NKI ISA ``nc_matmul``: the result accumulates in PSUM in fp32). A float64 sum differs from
+    it by FP32 roundings, which decide the BF16 rounding of the few results next to a tie."""
+    k, m = stationary.shape
+    out = np.zeros((m, moving.shape[1]))
+    for m0 in range(0, m, tile):
+        for n0 in range(0, moving.shape[1], psum_free):
+            acc = np.zeros((min(tile, m - m0), min(psum_free, moving.shape[1] - n0)), np.float32)
+            for k0 in range(0, k, tile):
+                a = np.ascontiguousarray(stationary[k0:k0 + tile, m0:m0 + tile], np.float32)
+                acc += a.T @ np.ascontiguousarray(moving[k0:k0 + tile, n0:n0 + psum_free], np.float32)
+            out[m0:m0 + tile, n0:n0 + psum_free] = acc
+    return out

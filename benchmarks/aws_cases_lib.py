@@ -8,7 +8,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from aws_case import BF16, Case, f32, gathered, lib_case, replica_group, sqrt_n
+from aws_case import BF16, Case, bf16, f32, gathered, lib_case, psum_matmul, replica_group, sqrt_n
 
 
 def ref_conv1d(x, f, stride=1, dilation=1):
@@ -212,9 +212,6 @@ LIB_CASES += [
          lambda a, kw, r, al: ref_attention(*a)),
     # files that fail to import here: the case records the import error
     lib_case("core/mlp/mlp.py", "mlp", _no_inputs, None),
-    lib_case("core/moe_block/moe_block_tkg.py", "moe_block_tkg", _no_inputs, None),
-    lib_case("core/topk/rotational_topk.py", "rotational_topk", _no_inputs, None),
-    lib_case("experimental/transformer/attention_block_tkg.py", "attention_block_tkg", _no_inputs, None),
 ]
 
 def ref_indexed_flatten(x, f_len, output_len, row_offsets, padding_val=-1):
@@ -300,18 +297,39 @@ def _attn_bwd_inputs(rng: np.random.Generator, r: int, b: int = 1, hq: int = 2, 
 
 def ref_attention_bwd(q, k, v, o, dy, lse, **kw):
     """Gradients of O = softmax(scale q^T k, causal) v^T: dV = P^T dY, dS = P (dP - rowsum(dY o)),
-    dQ = scale dS K, dK = scale dS^T Q; a KV head's gradient sums over the query heads it serves."""
-    q, k, v, dy = (a.astype(np.float64) for a in (q, k, v, dy))
-    scale = 1 / np.sqrt(q.shape[2])
-    p_, _, _, ke, ve = _attn_fwd(q, k, v, True, scale)
-    dv = np.einsum("bhij,bhdi->bhdj", p_, dy)
-    dp = np.einsum("bhdi,bhdj->bhij", dy, ve)
-    ds = p_ * (dp - (dy * o.astype(np.float64)).sum(2)[..., None])  # the BF16 O the kernel is given
-    dq = scale * np.einsum("bhij,bhdj->bhdi", ds, ke)
-    dk = scale * np.einsum("bhij,bhdi->bhdj", ds, q)
-    g = q.shape[1] // k.shape[1]
-    fold = lambda x: x.reshape(x.shape[0], k.shape[1], g, *x.shape[2:]).sum(2)  # noqa: E731
-    return dq, fold(dk), fold(dv)
+    dQ = scale dS K, dK = scale dS^T Q; a KV head's gradient sums over the query heads it serves.
+    Computed as nki-library's attention_bwd does without ``mixed_precision`` (its accumulators
+    then in the BF16 input dtype): q scaled in BF16 on load (``load_q_dy``); S an FP32 PSUM sum;
+    the softmax bias -lse held in BF16 (``softmax_exp_bias``); P = exp(S - lse) on the Scalar
+    engine in FP32, stored in BF16 (``softmax_y``); rowsum(dY o) of BF16 products (``dy_o_mul``)
+    summed in FP32 into BF16 (``dy_o_sum``); dS = (dP - rowsum) P in FP32 into BF16
+    (``softmax_dx_local``); dQ = scale x the FP32 PSUM sum over the key tile, added in BF16 to
+    dq_local; each query head's dV and dK PSUM sums (over the query tiles of a group) added in
+    BF16 to the KV head's accumulators, head after head (``_flash_attn_bwd_core``). One key tile
+    of ``psum_fmax`` (512) keys holds all of them here."""
+    bsz, hq, d, n = q.shape
+    hk = k.shape[1]
+    scale = 1 / np.sqrt(d)
+    lse_q = lse.astype(np.float64).transpose(0, 1, 3, 2).reshape(bsz, hq, n)  # query t*128 + p
+    causal = np.tril(np.ones((n, n), bool))
+    dq = np.zeros(q.shape)
+    dk, dv = np.zeros(k.shape), np.zeros(v.shape)
+    for b_ in range(bsz):
+        for h in range(hq):
+            kh = h // (hq // hk)
+            qs = bf16(q[b_, h].astype(np.float64) * scale)  # [d, n]
+            kk, vv = k[b_, kh].astype(np.float64), v[b_, kh].astype(np.float64)
+            dyh, oh = dy[b_, h].astype(np.float64), o[b_, h].astype(np.float64)
+            s_ = psum_matmul(qs, kk).astype(np.float32)  # [q, k]
+            bias = (-bf16(lse_q[b_, h])).astype(np.float32)[:, None]
+            p_ = np.where(causal, bf16(np.exp(s_ + bias)), 0.0)
+            dp = psum_matmul(dyh, vv).astype(np.float32)
+            rowsum = bf16(bf16(dyh * oh).astype(np.float32).sum(0, dtype=np.float32).astype(np.float64))
+            ds = bf16((dp - rowsum.astype(np.float32)[:, None]) * p_.astype(np.float32))
+            dq[b_, h] = bf16(psum_matmul(kk.T, ds.T).astype(np.float32) * np.float32(scale))
+            dv[b_, kh] = bf16(dv[b_, kh] + psum_matmul(dyh.T, p_))
+            dk[b_, kh] = bf16(dk[b_, kh] + psum_matmul(qs.T, ds))
+    return dq, dk, dv
 
 
 LIB_CASES.append(lib_case("core/attention/attention_bwd.py", "attention_bwd", _attn_bwd_inputs,

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aws_case import BF16, Case, lib_case
+from aws_case import BF16, Case, bf16, lib_case, psum_matmul
 
 
 MOE_CASES: list[Case] = []
@@ -35,34 +35,44 @@ def moe_inputs(block: int) -> Callable[[np.random.Generator, int], tuple[tuple, 
     return make
 
 
-def _bf16(z: np.ndarray) -> np.ndarray:
-    """``z`` rounded to BF16 (to nearest even), back in float64."""
-    return z.astype(BF16).astype(np.float64)
+def silu_f32(g: np.ndarray) -> np.ndarray:
+    """silu(g) = g sigmoid(g) in FP32 arithmetic, as the engines compute it ("nki.isa.activation":
+    the computation is in fp32 whatever the input and output dtypes), rounded to BF16."""
+    g = np.asarray(g, np.float32)
+    return bf16(g * (np.float32(1) / (np.float32(1) + np.exp(-g))))
 
 
 def ref_moe(x, aff, wg, wd, block, pos, b2e, shards: int = 1):
-    """out[t] = affinity * (silu(x Wg) * (x Wu)) Wd of the token's expert (affinity after the MLP).
+    """out[t] = affinity * (silu(x Wg) * (x Wu)) Wd of the token's expert (affinity after the MLP),
+    block by block as the kernels run: g and u are FP32 PSUM sums of 128-row H tiles of
+    weight^T x^T (``psum_matmul``; stationary the gate/up weight tile, moving the block's
+    transposed tokens: bwmm_shard_on_I's ``compute_gate_and_up_projections_shard_on_intermediate``).
     The kernels hold silu(g) and the gated product in their compute dtype (BF16 here: the
     ``tmp_lst`` and ``intermediate_states_lst`` tiles of nki-library's moe_cte_utils
-    ``compute_intermediate_states``; g and u stay FP32 in PSUM), so the reference rounds
-    those two values to BF16 where the kernel does. ``shards`` > 1: the kernel splits I into that
-    many contiguous parts, one per core; each core rounds its partial down projection to BF16
+    ``compute_intermediate_states``), so the reference computes those two values in FP32 and
+    rounds them to BF16 where the kernel does; the down projection is the FP32 PSUM sum of
+    128-row I tiles (stationary the intermediate states, moving Wd). ``shards`` > 1: the kernel splits I into that many
+    contiguous parts, one per core; each core rounds its partial down projection to BF16
     (``block_new_lst``), the cores exchange them (``sendrecv``) and add them in BF16, and the
     affinity multiplies that sum into the BF16 block (bwmm_shard_on_I.py's down projection)."""
-    x, wg, wd = x.astype(np.float64), wg.astype(np.float64), wd.astype(np.float64)
-    e = wg.shape[0]
+    wg, wd = wg.astype(np.float32), wd.astype(np.float32)
+    e, n_i = wg.shape[0], wg.shape[3]
     a = aff.astype(np.float64).reshape(-1, e)
     t = x.shape[0] - 1
     out = np.zeros((t, x.shape[1]))
-    for tok in range(t):
-        k = int(np.argmax(a[tok]))
-        g, u = x[tok] @ wg[k, :, 0], x[tok] @ wg[k, :, 1]
-        act = _bf16(_bf16(g / (1 + np.exp(-g))) * u)
+    for b, k in enumerate(np.asarray(b2e).reshape(-1)):
+        toks = np.asarray(pos[b * block:(b + 1) * block])  # padding slots: id t, a zero row of x
+        x_t = x[toks].astype(np.float32).T  # [H, block]
+        g, u = (psum_matmul(wg[k, :, j], x_t) for j in (0, 1))
+        act = bf16(silu_f32(g).astype(np.float32) * u.astype(np.float32))  # [I, tokens]
+        parts = np.split(np.arange(n_i), shards)
+        down = [psum_matmul(act[p], wd[k][p]) for p in parts]  # [tokens, H] per core
+        real = toks < t
+        aff_k = a[toks[real], k][:, None]
         if shards == 1:
-            out[tok] = a[tok, k] * act @ wd[k]
+            out[toks[real]] = aff_k * down[0][real]
         else:
-            parts = np.split(np.arange(act.size), shards)
-            out[tok] = _bf16(a[tok, k] * _bf16(sum(_bf16(act[p] @ wd[k][p]) for p in parts)))
+            out[toks[real]] = bf16(aff_k * bf16(sum(bf16(d[real]) for d in down)))
     return out
 
 
@@ -187,7 +197,15 @@ def ref_moe_bwd(x, aff, wg, wd, gu_t, down, pos, b2e, dy, block):
     """Gradients of y[t] = a[t, e] * z, z = (silu(g) * u) Wd[e], g, u = x Wg[e], x Wu[e] (the
     affinity on the H side): dz = a dy; da = sum_h dy z; dWd = act^T dz with act = silu(g) u;
     d_act = dz Wd^T; dg = d_act u silu'(g), du = d_act silu(g); dWg, dWu = x^T dg, x^T du;
-    dx = dg Wg^T + du Wu^T. The gate/up values are the checkpoint's (as the kernel reads them)."""
+    dx = dg Wg^T + du Wu^T. The gate/up values are the checkpoint's (as the kernel reads them).
+    Rounded where nki-library's bwmm_bwd_dropless keeps BF16 (its compute dtype): dy z
+    elementwise (``block_multiply_tile``) before the FP32 row sum, and da itself; dz
+    (``down_proj_output_grad_tile``); silu(g), act, d_act, du, d_act u, silu'(g) and dg
+    (``_compute_gate_up_projection_output_grad``'s tiles; silu and silu' in FP32 on the Scalar
+    engine); each block's weight gradient out of FP32 PSUM, added in BF16 to the gradient
+    accumulated in HBM; dx as the BF16 gate part plus the FP32 PSUM up part
+    (``_compute_hidden_states_grad``). Every product is the FP32 PSUM sum of 128-row tiles
+    (``psum_matmul``)."""
     x, wg, wd, dy = (a.astype(np.float64) for a in (x, wg, wd, dy))
     e = wg.shape[0]
     a = aff.astype(np.float64).reshape(-1, e)
@@ -195,23 +213,23 @@ def ref_moe_bwd(x, aff, wg, wd, gu_t, down, pos, b2e, dy, block):
     for b in range(len(b2e)):
         k, toks = int(b2e[b, 0]), pos[b * block:(b + 1) * block]
         g, u = (gu_t[b, j].astype(np.float64).T for j in (0, 1))
-        dz = a[toks, k:k + 1] * dy[toks]
-        da[toks, k] += (dy[toks] * down[b].astype(np.float64)).sum(1)
-        sg = 1 / (1 + np.exp(-g))
-        act = g * sg * u
-        dwd[k] += act.T @ dz
-        d_act = dz @ wd[k].T
-        dg = d_act * u * sg * (1 + g * (1 - sg))
-        du = d_act * g * sg
-        dwg[k, :, 0] += x[toks].T @ dg
-        dwg[k, :, 1] += x[toks].T @ du
-        dx[toks] += dg @ wg[k, :, 0].T + du @ wg[k, :, 1].T
+        dz = bf16(a[toks, k:k + 1].astype(np.float32).astype(np.float64) * dy[toks])
+        da[toks, k] = bf16(bf16(dy[toks] * down[b].astype(np.float64)).sum(1))
+        g32 = g.astype(np.float32)
+        sg = np.float32(1) / (np.float32(1) + np.exp(-g32))
+        silu = bf16(g32 * sg)
+        sdx = bf16(sg * (np.float32(1) + g32 * (np.float32(1) - sg)))
+        act = bf16(silu * u)
+        dwd[k] = bf16(dwd[k] + bf16(psum_matmul(act, dz)))
+        d_act = bf16(psum_matmul(dz.T, wd[k].T))
+        dg = bf16(bf16(d_act * u) * sdx)
+        du = bf16(d_act * silu)
+        dwg[k, :, 0] = bf16(dwg[k, :, 0] + bf16(psum_matmul(x[toks], dg)))
+        dwg[k, :, 1] = bf16(dwg[k, :, 1] + bf16(psum_matmul(x[toks], du)))
+        dx[toks] = bf16(bf16(psum_matmul(dg.T, wg[k, :, 0].T)) + psum_matmul(du.T, wg[k, :, 1].T))
     return dx, da.reshape(-1, 1), dwg, dwd
 
 
-# BF16 operands, the kernel's intermediate gradients stored in BF16 (8 significant bits)
-# between the stages: a few BF16 ulps x rms, beyond the default check (how many roundings reach
-# each output is not yet counted, so no wider tolerance is claimed)
 MOE_CASES.append(lib_case("experimental/moe/bwd/blockwise_mm_backward.py", "blockwise_mm_bwd", _moe_bwd_inputs,
                       lambda a, kw, r, al: ref_moe_bwd(*a), lnc=2,
                       post=lambda o: tuple(o[:4])))

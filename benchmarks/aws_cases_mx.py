@@ -7,8 +7,8 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from aws_case import BF16, Case, lib_case
-from aws_cases_moe import moe_inputs, moe_out
+from aws_case import BF16, Case, bf16, lib_case
+from aws_cases_moe import silu_f32
 
 
 MX_CASES: list[Case] = []
@@ -56,7 +56,7 @@ def _x4(kind: str) -> np.dtype:
     return {"fp8": nl.float8_e4m3fn_x4, "fp4": nl.float4_e2m1fn_x4}[kind]
 
 
-def _mx_random(rng: np.random.Generator, shape: tuple, kind: str = "fp8") -> tuple[np.ndarray, np.ndarray]:
+def mx_random(rng: np.random.Generator, shape: tuple, kind: str = "fp8") -> tuple[np.ndarray, np.ndarray]:
     """Random x4 data of ``shape`` and its float64 values, ``shape + (4,)``."""
     if kind == "fp4":
         nib = rng.integers(0, 16, shape + (4,)).astype(np.uint16)
@@ -86,7 +86,7 @@ def _rows16(tile: Any) -> np.ndarray:
     return np.concatenate([tile[32 * q:32 * q + 4] for q in range(4)])
 
 
-def _x4_values(data: np.ndarray) -> np.ndarray:
+def x4_values(data: np.ndarray) -> np.ndarray:
     """float64 values [..., 4] of x4 data (FP8 E4M3FN bytes or FP4 E2M1 nibbles)."""
     if data.dtype.names[0].startswith("float4"):
         bits = np.ascontiguousarray(data).view(np.uint16)
@@ -97,7 +97,7 @@ def _x4_values(data: np.ndarray) -> np.ndarray:
 
 def _mx_deq(data: Any, scale16: Any) -> np.ndarray:
     """float64 values [128, ..., 4] of a kernel's x4 tile with its 16 compact scale rows."""
-    return _x4_values(np.asarray(data)) * _scale_of_partition(np.asarray(scale16))[..., None]
+    return x4_values(np.asarray(data)) * _scale_of_partition(np.asarray(scale16))[..., None]
 
 
 def _raw(a: Any) -> np.ndarray:
@@ -147,7 +147,7 @@ def _wrap_load_gate_up(kernel: Any) -> Any:
 
 
 def _load_gate_up_inputs(rng: np.random.Generator, r: int, e: int = 2, h: int = 1024, i: int = 1024):
-    w, _ = _mx_random(rng, (e, 128, 2, h // 512, i), "fp4")
+    w, _ = mx_random(rng, (e, 128, 2, h // 512, i), "fp4")
     scale = rng.integers(120, 135, (e, 16, 2, h // 512, i)).astype(np.uint8)
     bias = rng.standard_normal((e, 128, 2, i // 512, 4)).astype(BF16)
     # the second of two I-shards: tiles [1, 2) of I / 512
@@ -178,7 +178,7 @@ def _wrap_load_down(kernel: Any) -> Any:
 
 def _load_down_inputs(use_pe: bool) -> Callable[[np.random.Generator, int], tuple[tuple, dict]]:
     def make(rng: np.random.Generator, r: int, e: int = 2, i: int = 1024, h: int = 1024):
-        w, _ = _mx_random(rng, (e, 128, i // 512, h), "fp8")
+        w, _ = mx_random(rng, (e, 128, i // 512, h), "fp8")
         scale = rng.integers(120, 135, (e, 16, i // 512, h)).astype(np.uint8)
         bias = rng.standard_normal((e, h)).astype(BF16)
         return (w, scale, bias), {"expert_idx": 1, "H": h, "n_tiles": 1, "tile_offset": 1, "tile_T": 8,
@@ -212,7 +212,7 @@ def _mx_operand(rng: np.random.Generator, shape: tuple, kind: str,
                 exp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(x4 data [128, ...], its [128, ...] SBUF scale tile, float64 values [128, ..., 4]):
     scale exponents exp - 1 .. exp + 1."""
-    data, vals = _mx_random(rng, shape, kind)
+    data, vals = mx_random(rng, shape, kind)
     rows = rng.integers(127 + exp - 1, 127 + exp + 2, (16,) + shape[1:]).astype(np.uint8)
     return data, _scale_tile(rows), vals * _scale_of_partition(rows)[..., None]
 
@@ -236,34 +236,79 @@ def _gate_up_mx_inputs(rng: np.random.Generator, r: int, h: int = 1024, i: int =
     return (xq, xs, wg, wu, wgs, wus, bg, bu), {}
 
 
+# MX element formats: (ml_dtypes type, emax_elem = exponent of the largest normal), OCP
+# Microscaling Formats (MX) Specification v1.0, sec. 5.3 (FP8 E4M3: emax 8) and 5.3.3 (FP4 E2M1: emax 2)
+MX_ELEMENTS = {"fp8": (ml_dtypes.float8_e4m3fn, 8), "fp4": (ml_dtypes.float4_e2m1fn, 2)}
+
+
+def mx_quantize(v: np.ndarray, kind: str = "fp8", nki_scale: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """MX quantization of blocks of 32 values (the last axis of ``v``, 32 long): (the values the
+    block's elements then stand for, scale * element, float64 [..., 32]; the E8M0 scale bytes [...]).
+
+    OCP MX v1.0 sec. 6.3 (conversion from a float vector): shared_exp = floor(log2(max |v_i|)) -
+    emax_elem, X = 2 ** shared_exp (E8M0, bias 127, clamped to its range), P_i = v_i / X cast to
+    the element format, round to nearest even, clamped to its largest normal. ``nki_scale``: NKI's
+    ``nki.isa.quantize_mx`` uses "a block scale that is two times larger, reserving additional range
+    for rounding the largest values in each group without saturation" (its reference page), so
+    shared_exp is one higher. A block of zeros gets the smallest scale (2 ** -127)."""
+    elem, emax = MX_ELEMENTS[kind]
+    amax = np.abs(v).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - emax + int(nki_scale), -127)
+    e = np.clip(e, -127, 127)
+    fmax = float(ml_dtypes.finfo(elem).max)
+    q = np.clip(v / np.exp2(e)[..., None], -fmax, fmax).astype(np.float32).astype(elem).astype(np.float64)
+    return q * np.exp2(e)[..., None], (e + 127).astype(np.uint8)
+
+
+def psum_mx(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """sum over the H/512 tiles k of w[:, k].T x[:, k] (MX values [128, K, M, 4] and [128, K, N, 4])
+    as ``nc_matmul_mx`` adds them into a BF16 PSUM tile: each tile's product over (partition,
+    x4 value) in FP32, the running sum rounded to BF16 ("nki.isa.nc_matmul_mx": dst float32 or
+    bfloat16 in PSUM)."""
+    acc = np.zeros((w.shape[2], x.shape[2]))
+    for k in range(w.shape[1]):
+        a = np.ascontiguousarray(w[:, k], np.float32)
+        part = np.einsum("pmj,pnj->mn", a, np.ascontiguousarray(x[:, k], np.float32), dtype=np.float32)
+        acc = bf16(acc + part.astype(np.float64))
+    return acc
+
+
 def ref_gate_up_mx(xq, xs, wg, wu, wgs, wus, bg, bu):
-    """silu(W_g^T x + b_g) * (W_u^T x + b_u) with the MX operands dequantized: the contraction
-    runs over H = (partition, H/512 tile, x4 value); weight column c of I/512 tile k is
-    I index 512 k + c, output partition c % 128, x4 value c // 128 (the "[16_I * 8_I, I/512,
-    T], 4_I packed" layout of the docstring; the bias likewise). Output [128, I/512, T, 4]."""
+    """silu(W_g^T x + b_g) * (W_u^T x + b_u) with the MX operands dequantized, rounded and
+    quantized where gate_up_projection_mx_shard_I does: the contraction runs over H = (partition,
+    H/512 tile, x4 value) into a BF16 PSUM tile per 128 I (``psum_mx``); weight column c of I/512
+    tile k is I index 512 k + c, output partition c % 128, x4 value c // 128 (the "[16_I * 8_I,
+    I/512, T], 4_I packed" layout of the docstring; the bias likewise); the bias adds on the
+    PSUM eviction into BF16 (``out_sb``, ``intermediate_tile_sb``), silu and the gate x up product
+    are BF16, and ``quantize_mx`` turns the product into MXFP8 E4M3, one scale per 8 partitions
+    x the 4 values of a token's x4 element. Output: the values the quantized result stands
+    for, [128, I/512, T, 4]."""
     x = _mx_deq(xq, _rows16(xs))  # [128, H/512, T, 4]
     out = []
     for w, ws, b in ((wg, wgs, bg), (wu, wus, bu)):
         wv = _mx_deq(w, _rows16(ws))  # [128, H/512, I, 4]
-        y = np.einsum("phcj,phtj->ct", wv, x)  # [I, T]
+        y = np.concatenate([psum_mx(wv[:, :, c0:c0 + 128], x) for c0 in range(0, wv.shape[2], 128)])  # [I, T]
         k = y.shape[0] // 512
         y = y.reshape(k, 4, 128, -1).transpose(2, 0, 3, 1)  # [128, I/512, T, 4]
-        out.append(y + b.astype(np.float64)[:, :, None, :])
+        out.append(bf16(y + b.astype(np.float64)[:, :, None, :]))
     g, u = out
-    return g / (1 + np.exp(-g)) * u
+    prod = bf16(silu_f32(g) * u)  # [128, I/512, T, 4]
+    blocks = prod.reshape(16, 8, *prod.shape[1:]).transpose(0, 2, 3, 1, 4)  # [16, I/512, T, 8, 4]
+    vals, _ = mx_quantize(blocks.reshape(*blocks.shape[:3], 32))
+    return vals.reshape(blocks.shape).transpose(0, 3, 1, 2, 4).reshape(prod.shape)
 
 
 def _gate_up_mx_out(o: Any) -> np.ndarray:
     return _mx_deq(o[0], o[1])
 
 
-# the output is MXFP8 E4M3 (3 mantissa bits: rounding within 1/16 of a value; values far
-# below their group's largest lose more); BF16 PSUM and activation add ~1/256. An FP8 output
-# cannot show a 1% error per element: the check stays "loose" until the reference quantizes as
-# the kernel does
+# the reference quantizes the BF16 product as the kernel does, so both stand for the same
+# MXFP8 values; they are judged at the eps of the BF16 values the kernel quantizes (an FP8
+# output's own eps, 1/8, could not refuse a 1% error)
 MX_CASES.append(lib_case("core/moe/moe_tkg/gate_up_projection_mx.py", "gate_up_projection_mx_shard_I",
                       _gate_up_mx_inputs, lambda a, kw, r, al: ref_gate_up_mx(*a),
-                      wrap=_wrap_gate_up_mx, post=_gate_up_mx_out, eps_dtype=ml_dtypes.float8_e4m3fn))
+                      wrap=_wrap_gate_up_mx, post=_gate_up_mx_out, eps_dtype=BF16))
 
 def _wrap_down_mx(kernel: Any) -> Any:
     """The SBUF operands in, out_sb allocated here, the result through the kernel's HBM spill
@@ -293,115 +338,20 @@ def _down_mx_inputs(rng: np.random.Generator, r: int, i: int = 1024, h: int = 10
 
 def ref_down_mx(act, act_s, w, ws, bias, aff, expert_idx):
     """out[t, h] = affinity[t, e] * (sum over I of act[i, t] W[i, h] + bias[h]), I = (partition,
-    I/512 tile, x4 value) of both MX operands."""
-    a = _mx_deq(act, _rows16(act_s))  # [128, I/512, T, 4]
-    wv = _mx_deq(w, _rows16(ws))  # [128, I/512, H, 4]
-    y = np.einsum("pktj,pkhj->th", a, wv) + bias.astype(np.float64)
-    return aff.astype(np.float64)[:, expert_idx:expert_idx + 1] * y
+    I/512 tile, x4 value) of both MX operands, rounded where down_projection_mx rounds: each
+    I/512 tile's ``nc_matmul_mx`` product (FP32, the 512 products of one PE pass) adds into a
+    BF16 PSUM tile (``out_psum``, dtype bfloat16: "use 2 * fmax with bf16 PSUM"); the bias adds
+    on the PSUM eviction into the BF16 ``expert_out_tile_sb``; the FP32 affinity multiplies it
+    into the BF16 ``out_sb``."""
+    a = _mx_deq(act, _rows16(act_s)).astype(np.float32)  # [128, I/512, T, 4], exact in FP32
+    wv = _mx_deq(w, _rows16(ws)).astype(np.float32)  # [128, I/512, H, 4]
+    psum = np.zeros((a.shape[2], wv.shape[2]))
+    for k in range(a.shape[1]):
+        part = np.einsum("pmj,pnj->mn", a[:, k], wv[:, k], dtype=np.float32).astype(np.float64)
+        psum = bf16(psum + part)
+    y = bf16(psum + bias.astype(np.float64))
+    return bf16(aff.astype(np.float32).astype(np.float64)[:, expert_idx:expert_idx + 1] * y)
 
 
-# BF16 PSUM accumulating the I tiles, BF16 bias add, affinity scaling and output (8
-# significant bits, a few roundings): beyond the default check, no wider tolerance claimed
 MX_CASES.append(lib_case("core/moe/moe_tkg/down_projection_mx.py", "down_projection_mx", _down_mx_inputs,
                       lambda a, kw, r, al: ref_down_mx(*a, **kw), wrap=_wrap_down_mx))
-
-def _mx_weights_dense(gw, gs, dw, ds_):
-    """The dense float64 weights of the CTE MX layouts: gate/up [E, 128, 2, H/512, I] x4
-    (4_H packed: partition p, H/512 tile k, x4 value j hold H index j * H/4 + 128 k + p, H
-    folded 4x as the kernels' docstrings describe) with scales [E, 16, 2, H/512, I]; down
-    [E, 128, I/512, H] x4 (4_I packed: I index 512 k + 128 j + p) with scales
-    [E, 16, I/512, H]; scale row 4 (p // 32) + (p % 32) // 8 serves data partition p.
-    Returns wg [E, H, 2, I], wd [E, I, H]."""
-    p_ = np.arange(128)
-    row = 4 * (p_ // 32) + (p_ % 32) // 8
-    g64 = _x4_values(gw) * np.exp2(gs[:, row].astype(np.float64) - 127)[..., None]  # [E, 128, 2, K, I, 4]
-    e, _, _, k, i, _ = g64.shape
-    wg = g64.transpose(0, 5, 3, 1, 2, 4).reshape(e, 512 * k, 2, i)
-    d64 = _x4_values(dw) * np.exp2(ds_[:, row].astype(np.float64) - 127)[..., None]  # [E, 128, I/512, H, 4]
-    wd = d64.transpose(0, 2, 4, 1, 3).reshape(e, i, d64.shape[3])
-    return wg, wd
-
-
-def _moe_mx_inputs(block: int = 256, h: int = 512, i: int = 1024, e: int = 4, kind: str = "fp4") -> Any:
-    """moe_inputs' routing and hidden states with random MX weights (scales 2 ** -8 .. 2 ** -6)."""
-    def make(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
-        from nkilib.core.utils.common_types import ExpertAffinityScaleMode
-        (x, aff, _, _, _, pos, b2e), _ = moe_inputs(block)(rng, r, h=h, e=e, i=i)
-        gw, _ = _mx_random(rng, (e, 128, 2, h // 512, i), kind)
-        gs = rng.integers(127 - 8, 127 - 5, (e, 16, 2, h // 512, i)).astype(np.uint8)
-        dw, _ = _mx_random(rng, (e, 128, i // 512, h), kind)
-        ds_ = rng.integers(127 - 8, 127 - 5, (e, 16, i // 512, h)).astype(np.uint8)
-        bgu = (rng.standard_normal((e, 128, 2, i // 512, 4)) * 0.1).astype(BF16)
-        # a zero down-projection bias: the shard-on-I kernels add it on both I-shards before
-        # summing their partial products (so a nonzero bias counts twice), although
-        # down_projection_mx_shard_I's docstring says program 0 alone adds it
-        bd = np.zeros((e, h), BF16)
-        return (x, aff, gw, dw, pos, b2e), {
-            "gate_and_up_proj_bias": bgu, "down_proj_bias": bd,
-            "gate_up_proj_scale": gs, "down_proj_scale": ds_, "block_size": block,
-            "expert_affinities_scaling_mode": ExpertAffinityScaleMode.POST_SCALE}
-    return make
-
-
-def ref_moe_mx(x, aff, gw, dw, pos, b2e, gate_up_proj_scale, down_proj_scale, block_size, gate_and_up_proj_bias,
-               down_proj_bias, **kw):
-    """out[t] = a[t, e] * ((silu(g) * u) Wd + bd), g = x Wg + bg and u = x Wu + bu (each clamped
-    to its limits when given) of the token's expert, with
-    the dequantized MX weights; the gate/up bias [E, 128, 2, I/512, 4] is 4_I packed like the
-    down weight's rows (I index 512 k + 128 j + p). The kernel quantizes the hidden states and
-    the intermediate to MXFP8 itself; the reference keeps them exact."""
-    wg, wd = _mx_weights_dense(gw, gate_up_proj_scale, dw, down_proj_scale)
-    e, i = wg.shape[0], wg.shape[-1]
-    bgu = gate_and_up_proj_bias.astype(np.float64).transpose(0, 2, 3, 4, 1).reshape(e, 2, i)
-    x = x.astype(np.float64)
-    a = aff.astype(np.float64).reshape(-1, e)
-    t = x.shape[0] - 1
-    out = np.zeros((t, x.shape[1]))
-    for tok in range(t):
-        k = int(np.argmax(a[tok]))
-        g, u = x[tok] @ wg[k, :, 0] + bgu[k, 0], x[tok] @ wg[k, :, 1] + bgu[k, 1]
-        g = np.clip(g, kw.get("gate_clamp_lower_limit") or -np.inf, kw.get("gate_clamp_upper_limit") or np.inf)
-        u = np.clip(u, kw.get("up_clamp_lower_limit") or -np.inf, kw.get("up_clamp_upper_limit") or np.inf)
-        out[tok] = a[tok, k] * (((g / (1 + np.exp(-g))) * u) @ wd[k] + down_proj_bias[k].astype(np.float64))
-    return out
-
-
-def _hybrid_mx(make: Any) -> Any:
-    """The hybrid kernel's inputs: conditions [N+1] (1: a block with tokens, last 0) first."""
-    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
-        args, kw = make(rng, r)
-        x, pos, block = args[0], args[4], kw["block_size"]
-        blocks = pos.reshape(-1, block)
-        cond = np.concatenate([(blocks != x.shape[0] - 1).any(1), [False]]).astype(np.int32)
-        return (cond,) + args, kw
-    return inputs
-
-
-# the kernel quantizes the hidden states and the intermediate to MXFP8 E4M3 (3 mantissa bits:
-# each operand within 1/16 of itself, its group's small values coarser); the reference keeps
-# them exact, so outputs differ by up to 1/16 of their operands, which the per-element check
-# refuses until the reference quantizes as the kernel does
-MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx",
-                      _moe_mx_inputs(), lambda a, kw, r, al: ref_moe_mx(*a, **kw), lnc=2,
-                      post=moe_out, eps_dtype=BF16))
-def _with_clamps(make: Any, limit: float = 8.0) -> Any:
-    """Gate and up clamp limits +-limit: bwmm_shard_on_block_mx issues its clamp
-    tensor_scalar with op0=None when no limit is given, which "nki.isa.tensor_scalar" does not
-    define (op0 is required there)."""
-    def inputs(rng: np.random.Generator, r: int) -> tuple[tuple, dict]:
-        args, kw = make(rng, r)
-        return args, {**kw, "gate_clamp_upper_limit": limit, "gate_clamp_lower_limit": -limit,
-                      "up_clamp_upper_limit": limit, "up_clamp_lower_limit": -limit}
-    return inputs
-
-
-MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_block_mx.py", "bwmm_shard_on_block_mx",
-                      _with_clamps(_moe_mx_inputs(128)),
-                      lambda a, kw, r, al: (ref_moe_mx(*a, **kw), np.zeros(a[0].shape)), lnc=2,
-                      # [2, T+1, H]: the programs' partial outputs, reduced into [0] with [1] zeroed
-                      # (reduce_outputs' docstring); the padding row dropped
-                      post=lambda o: (np.asarray(o)[0, :-1].astype(np.float64), np.asarray(o)[1]),
-                      eps_dtype=(BF16, None)))
-MX_CASES.append(lib_case("core/moe/moe_cte/bwmm_shard_on_I_mx.py", "blockwise_mm_shard_intermediate_mx_hybrid",
-                      _hybrid_mx(_moe_mx_inputs()), lambda a, kw, r, al: ref_moe_mx(*a[1:], **kw), lnc=2, post=moe_out,
-                      eps_dtype=BF16))

@@ -17,7 +17,11 @@ swapped (else "loose"). Every public
 ``@nki.jit`` kernel found in the folder is listed; kernels without a case here are counted
 in the total as "no case". Prints a table and the count; says "not run" when the folder is
 missing. The cases live beside this file: `aws_case` (the Case type and shared helpers),
-`aws_cases_sdk`, `aws_cases_lib`, `aws_cases_moe` and `aws_cases_mx`.
+`aws_cases_sdk`, `aws_cases_lib`, `aws_cases_blocks`, `aws_cases_moe`, `aws_cases_mx` and
+`aws_cases_mx_cte`.
+Some of AWS's files import scipy (nki-library's topk utilities) or torch (its
+experimental.transformer package imports its torch references): ``pip install scipy
+torch==2.13.0`` (the CPU wheel the ``frameworks`` extra pins) to run those.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from typing import Any
 import numpy as np
 
 from aws_case import DEFAULT_ULPS, LIB, Case, mismatch, outputs, wrong_answers
+from aws_cases_blocks import BLOCK_CASES
 from aws_cases_lib import LIB_CASES
 from aws_cases_moe import MOE_CASES
 from aws_cases_mx import MX_CASES
+from aws_cases_mx_cte import MX_MOE_CASES
 from aws_cases_sdk import SDK_CASES, SDK_NOT_KERNELS
 
 
@@ -51,6 +57,17 @@ class Outcome:
 
 
 def _import(folder: Path, case: Case) -> Any:
+    if case.legacy_api:
+        from trnopt.kernels.sim.shim import install_legacy, uninstall_legacy
+        install_legacy()
+        try:
+            return _import_file(folder, case)
+        finally:
+            uninstall_legacy()
+    return _import_file(folder, case)
+
+
+def _import_file(folder: Path, case: Case) -> Any:
     path = folder / case.file
     if case.module:
         root = str(folder / LIB)
@@ -94,8 +111,9 @@ def _run_case(folder: Path, case: Case) -> Outcome:
         if case.expect_error and re.search(case.expect_error, str(exc)):
             return Outcome(case, "match", f"raises as expected: {msg[:90]}", time.perf_counter() - t0)
         tb = traceback.extract_tb(exc.__traceback__)
+        ours = str(Path(__file__).resolve().parents[1])  # this repository: the simulator and the cases
         where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb)
-                      if "trnopt" not in f.filename and "benchmarks" not in f.filename), "")
+                      if "trnopt" not in f.filename and not f.filename.startswith(ours)), "")
         return Outcome(case, "error", f"{msg[:160]} [{where}]", time.perf_counter() - t0)
     if case.expect_error:
         return Outcome(case, "mismatch", f"expected an error matching {case.expect_error!r}", time.perf_counter() - t0)
@@ -148,7 +166,7 @@ def main(argv: list[str]) -> int:
         return 0
     from trnopt.kernels.sim import install
     install()
-    cases = {(c.file, c.kernel): c for c in SDK_CASES + LIB_CASES + MOE_CASES + MX_CASES}
+    cases = {(c.file, c.kernel): c for c in SDK_CASES + LIB_CASES + BLOCK_CASES + MOE_CASES + MX_CASES + MX_MOE_CASES}
     outcomes: list[Outcome] = []
     for file, kernel in public_kernels(folder):
         case = cases.pop((file, kernel), None)

@@ -50,6 +50,8 @@ class Case:
     grid: tuple[int, ...] | None = None  # SPMD launch grid, kernel[grid]
     rtol: float = 1e-4  # relative tolerance on each element
     kwargs: tuple = ()  # keyword arguments (name, value)
+    computes_in: Any = None  # a dtype the kernel rounds its intermediates to (None: the output's):
+    # then each element must be within one unit roundoff of it, rtol = u and atol = u x max |reference|
 
 
 def _r(rng, *shape, dtype=np.float32, lo=-1.0, hi=1.0):
@@ -104,8 +106,11 @@ def _sd_attn(q, k, v):
 
 def _cases() -> list[Case]:
     qkv = lambda s: (lambda rng: tuple(_r(rng, 128, s) for _ in range(3)))  # noqa: E731
+    # v7 and v8 round the scores and V to BF16 before the second matmul (the tutorial: "Downcast
+    # scores before transpose ... small precision loss") but return FP32
     attn_cases = [Case("attention/attention_kernels.py", f"attn_fwd_v{v}", qkv(128 if v in ("1", "2") else 4096),
-                       _attn, rtol=1e-3) for v in ("1", "2", "3", "4", "5", "6", "7", "8", "8a", "9", "10", "11")]
+                       _attn, rtol=1e-3, computes_in=ml_dtypes.bfloat16 if v in ("7", "8") else None)
+                  for v in ("1", "2", "3", "4", "5", "6", "7", "8", "8a", "9", "10", "11")]
     mamba = lambda rng: (_r(rng, 1, 128, 512, lo=0.0, hi=0.1), _r(rng, 1, 128, 512),  # noqa: E731
                          _r(rng, 128, 16, lo=-1.0, hi=0.0), _r(rng, 1, 16, 512), _r(rng, 1, 16, 512))
     ln = lambda rng: (_r(rng, 300, 512), 1e-5, _r(rng, 512), _r(rng, 512))  # noqa: E731
@@ -153,17 +158,38 @@ NOT_RUNNABLE = {
 }
 
 
-def compare(got: Any, want: Any, rtol: float) -> str:
-    """'' when every element is within atol(dtype) + rtol * |want| of the reference."""
+# Failures that are the right outcome, and why (printed beside their rows; still counted as failures)
+WHY_NOT = {
+    "prof-kernel.py::tensor_exp_kernel_": "the tutorial's `return` is inside the affine_range loop body, so only "
+                                          "the first 128-row tile is computed; rows 128-249 are never written",
+    "test_nki_isa_dma_copy.py::test_indirect_load_oob_err_negative": "refused as out of bounds, as the test wants; it "
+                                                                   "also wants AWS's simulator's IndexError text",
+    "test_nki_isa_dma_copy.py::test_indirect_store_oob_err_negative": "refused as out of bounds, as the test wants; "
+                                                                    "it also wants AWS's simulator's IndexError text",
+    "test_nki_isa_range_select.py::test_range_select_example": "the kernel returns an SBUF tile; top-level outputs "
+                                                             "must be in HBM (NKI Known Issues, 'Unsupported Syntax' 1)",
+    "test_nki_isa_activation.py::test_activation": "the example casts its result to BF16 (dtype=nl.bfloat16) and "
+                                                   "checks it against an FP32 golden at np.allclose's rtol 1e-5",
+}
+
+
+def compare(got: Any, want: Any, rtol: float, computes_in: Any = None) -> str:
+    """'' when every element is within atol(dtype) + rtol * |want| of the reference; with
+    ``computes_in``, within u + u * |want| of it, u the unit roundoff of that dtype (eps / 2)
+    times the reference's largest magnitude for the atol."""
     if isinstance(want, tuple):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             return f"expected {len(want)} outputs, got {type(got).__name__}"
-        return next((f"output {i}: {m}" for i, (g, w) in enumerate(zip(got, want)) if (m := compare(g, w, rtol))), "")
+        return next((f"output {i}: {m}" for i, (g, w) in enumerate(zip(got, want))
+                     if (m := compare(g, w, rtol, computes_in))), "")
     g = np.asarray(got)
     w = np.asarray(want, dtype=np.float64)
     if g.shape != w.shape:
         return f"shape {g.shape} != {w.shape}"
     atol = ATOL.get(g.dtype, 1e-4)
+    if computes_in is not None:
+        rtol = float(ml_dtypes.finfo(computes_in).eps) / 2
+        atol = rtol * float(np.abs(w).max(initial=0.0))
     err = np.abs(g.astype(np.float64) - w)
     bad = np.isnan(err) | (err > atol + rtol * np.abs(w))
     if bad.any():
@@ -194,7 +220,7 @@ def run_case(folder: Path, case: Case) -> tuple[str, str]:
         got = kernel(*args, **dict(case.kwargs))
     except Exception as e:  # noqa: BLE001 - a case's failure is its outcome
         return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    msg = compare(got, case.reference(*args), case.rtol)
+    msg = compare(got, case.reference(*args), case.rtol, case.computes_in)
     return ("mismatch", msg) if msg else ("match", "")
 
 
@@ -253,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         if name != "layout-violation.py":
             print(f"{'not runnable':12s} {name}: {why}")
     for name, status, detail in rows:
-        print(f"{status:12s} {name} {detail}")
+        print(f"{status:12s} {name} {detail}" + (f" [right outcome: {WHY_NOT[name]}]" if name in WHY_NOT else ""))
     tut = sum(s == "match" for _, s, _ in rows)
     docs = run_doc_examples(a.folder, a.only)
     for name, status, detail in docs:
-        print(f"{status:12s} {name} {detail}")
+        print(f"{status:12s} {name} {detail}" + (f" [right outcome: {WHY_NOT[name]}]" if name in WHY_NOT else ""))
     doc_ok = sum(s == "match" for _, s, _ in docs)
     print(f"tutorials: {tut} of {len(rows)} match (references written here)")
     print(f"doc examples: {doc_ok} of {len(docs)} pass their own NumPy check")

@@ -5,6 +5,10 @@ chunks at large TP degrees).
 - `sbuf_ring_plan`: whether it applies, its schedule (`ring.scatter_steps`, both ways or
   halves), column blocks and matmul groups.
 - `sbuf_buffers`, `sbuf_ring`: its tiles and one column block's loop.
+
+`sbuf_ring` runs past 100 lines: one NKI program, as nki-library writes its kernels, so
+the ring's steps read in the order the engines issue them; its plan and buffers are the
+functions above it.
 """
 
 from __future__ import annotations

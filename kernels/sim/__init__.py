@@ -30,8 +30,11 @@ from __future__ import annotations
 # name it and say when it is older than this. Raise it with any change to the clock (timeline,
 # rates) or numerics that moves a simulated number, and regenerate the table
 # (benchmarks/overlap_table.py). 1.1: per-generation rates (Vector at trn2's 0.96 GHz), DMA by
-# contiguous pieces, rotating loop-body buffers, SBUF spilling; the shipped table is still 1.0's.
-__version__ = "1.1"
+# contiguous pieces, rotating loop-body buffers, SBUF spilling. 1.2: a Vector instruction reading
+# one input from PSUM costs N cycles, one reading its predecessor's output 100 fixed cycles (the
+# nki.isa cost tables and the VectorE cost model), PSUM over capacity spills to SBUF. The shipped
+# table is still 1.0's.
+__version__ = "1.2"
 
 from . import collectives, isa, language, nki, rates
 from .errors import (CollectiveMismatchError, ConstraintError, SimulatorError, SymmetryError,

@@ -132,37 +132,39 @@ class CoreContext:
         Limits: SBUF ``sbuf_limit``; PSUM 8 banks of 2 KiB (tiles smaller than a bank share
         one; a matmul result must fit in one bank, checks.matmul). Run when the program ends.
 
-        SBUF over capacity is spilled, as the compiler does: "If the total size of the live
-        data ... overflows the capacity of any on-chip memory, the Neuron compiler will
-        insert the necessary spills or refills between that memory and the next-tier memory"
-        ("NKI memory hierarchy overview"). Where live tensors exceed the limit, the tensor
-        live there whose last use is latest is spilled (saved to HBM once and reloaded once),
-        until the rest fit; the traffic is timed by ``CoreTimeline.spill``. Refused: PSUM over
-        capacity, and SBUF where the tensors an instruction itself touches exceed the limit
-        (nothing can be spilled there)."""
+        Over capacity is spilled, as the compiler does: "If the total size of the live data
+        ... overflows the capacity of any on-chip memory, the Neuron compiler will insert the
+        necessary spills or refills between that memory and the next-tier memory in the
+        hierarchy" ("NKI memory hierarchy overview"): PSUM into SBUF, SBUF into HBM. Where
+        live tensors exceed the limit, the tensor live there but not touched whose last use
+        is latest is spilled (saved once and reloaded once), until the rest fit; a PSUM tensor
+        spilled takes SBUF space over its life and may be spilled on to HBM. The traffic is
+        timed by ``CoreTimeline.spill`` (ASSUMPTION: PSUM spills move on the DMA queues too,
+        as the profiles' qSyncSpillReload / qVectorSpillReload queues carry the compiler's
+        spills: "NKI performance guide", "fused Mamba" tutorial). Refused only where the
+        tensors an instruction itself touches exceed the limit: nothing can be spilled there."""
         psum_limit = rates.PSUM_NUM_BANKS * rates.PSUM_BANK_BYTES
         spans = [sp for sp in self._span.values() if sp[2] is MemoryRegion.psum]
-        peak, at, live = _peak(spans)
-        if peak > psum_limit:
-            self._over_capacity(MemoryRegion.psum, peak, at, live, psum_limit,
-                                f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")
+        spilled = self._spill(spans, MemoryRegion.psum, psum_limit,
+                              f"{rates.PSUM_NUM_BANKS} banks of {rates.PSUM_BANK_BYTES} bytes")
         spans = [sp for sp in self._span.values() if sp[2] is MemoryRegion.sbuf]
-        if sum(sp[3] for sp in spans) <= self.sbuf_limit:
-            return
-        spilled = self._spill(spans)
+        spans += [[sp[0], sp[1], MemoryRegion.sbuf, *sp[3:]] for sp in spilled]
+        if sum(sp[3] for sp in spans) > self.sbuf_limit:
+            worst = max(range(len(self._touched)), key=self._touched.__getitem__, default=-1)
+            if worst >= 0 and self._touched[worst] > self.sbuf_limit:
+                self._over_capacity(MemoryRegion.sbuf, self._touched[worst], worst,
+                                    [sp for sp in spans if sp[0] <= worst <= sp[1]], self.sbuf_limit,
+                                    f"{self.sbuf_limit // 1024} KiB; the tensors this instruction touches alone "
+                                    f"exceed it, so nothing can be spilled")
+            spilled += self._spill(spans, MemoryRegion.sbuf, self.sbuf_limit, f"{self.sbuf_limit // 1024} KiB")
         if spilled:
             self.timeline.spill(sum(sp[3] for sp in spilled) * rates.PMAX, len(spilled) * rates.PMAX)
 
-    def _spill(self, spans: list[list]) -> list[list]:
-        """The SBUF tensors spilled to bring every instruction under ``sbuf_limit``: sweep the
-        instructions in order; where live bytes exceed the limit, spill the live tensor not
-        touched there whose last use is latest. Refuses when none is left to spill."""
-        worst = max(range(len(self._touched)), key=self._touched.__getitem__, default=-1)
-        if worst >= 0 and self._touched[worst] > self.sbuf_limit:
-            self._over_capacity(MemoryRegion.sbuf, self._touched[worst], worst,
-                                [sp for sp in spans if sp[0] <= worst <= sp[1]], self.sbuf_limit,
-                                f"{self.sbuf_limit // 1024} KiB; the tensors this instruction touches alone "
-                                f"exceed it, so nothing can be spilled")
+    def _spill(self, spans: list[list], buffer: MemoryRegion, limit: int, what: str) -> list[list]:
+        """The tensors of ``spans`` (in ``buffer``) spilled to bring every instruction under
+        ``limit``: sweep the instructions in order; where live bytes exceed the limit, spill
+        the live tensor not touched there whose last use is latest. Refuses when none is
+        left to spill."""
         starts = sorted(range(len(spans)), key=lambda i: spans[i][0])
         live: dict[int, list] = {}
         used, j, spilled = 0, 0, []
@@ -174,12 +176,12 @@ class CoreContext:
                 live[starts[j]] = spans[starts[j]]
                 used += spans[starts[j]][3]
                 j += 1
-            while used > self.sbuf_limit:
+            while used > limit:
                 idle = [i for i, sp in live.items() if sp[0] < seq < sp[1]]
                 if not idle:
-                    self._over_capacity(MemoryRegion.sbuf, used, seq, list(live.values()), self.sbuf_limit,
-                                        f"{self.sbuf_limit // 1024} KiB; the tensors this instruction "
-                                        f"touches alone exceed it, so nothing can be spilled")
+                    self._over_capacity(buffer, used, seq, list(live.values()), limit,
+                                        f"{what}; the tensors this instruction touches alone exceed it, "
+                                        f"so nothing can be spilled")
                 victim = max(idle, key=lambda i: live[i][1])
                 used -= live[victim][3]
                 spilled.append(live.pop(victim))
@@ -280,6 +282,8 @@ class CoreContext:
               reads: list[NkiTensor], writes: list[NkiTensor]) -> tuple[float, float]:
         self.accesses(op, name, reads, writes)
         tl = self.timeline
+        if tl.reads_previous(engine, reads, writes) and engine == "Vector":
+            duration += rates.vector_dependent_extra_seconds()  # rates.VECTOR_DEPENDENT_FIXED_CYCLES
         start, end = tl.run(engine, duration, tl.ready(reads, writes), op, name)
         tl.record(reads, writes, end, end)
         return start, end
@@ -338,19 +342,6 @@ def _blocks(v: NkiTensor) -> list[tuple[Any, int]]:
             lo, hi = (lo + stride * (count - 1), hi) if stride < 0 else (lo, hi + stride * (count - 1))
     nbytes = a.block_elems * a.dtype.itemsize
     return [((a.id, b), nbytes) for b in range(lo // a.block_elems, hi // a.block_elems + 1)]
-
-
-def _peak(spans: list[list]) -> tuple[int, int, list]:
-    """(peak bytes, instruction index, spans live there) of [first, last, _, bytes, _] spans."""
-    events = sorted([(sp[0], sp[3]) for sp in spans] + [(sp[1] + 1, -sp[3]) for sp in spans],
-                    key=lambda e: (e[0], e[1]))
-    used = peak = 0
-    at = -1
-    for seq, delta in events:
-        used += delta
-        if used > peak:
-            peak, at = used, seq
-    return peak, at, [sp for sp in spans if sp[0] <= at <= sp[1]]
 
 
 def _refuse_oob(v: NkiTensor) -> None:

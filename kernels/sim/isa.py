@@ -527,13 +527,11 @@ def get_nc_sub_version():
 
 
 from .isa_vector import (activate2, affine_select, bn_aggr, bn_stats, dropout, exponential, iota,  # noqa: E402,F401
-                         max8, nc_find_index8, nc_match_replace8, rand2, rand_get_state, rand_set_state, rng,
+                         local_gather, max8, nc_find_index8, nc_match_replace8, rand2, rand_get_state, rand_set_state, rng,
                          set_rng_seed, topk, nc_n_gather, nc_stream_shuffle, nonzero_with_count, range_select,
                          reciprocal, scalar_tensor_tensor, select_reduce, sequence_bounds, tensor_copy_predicated,
                          tensor_partition_reduce, tensor_reduce, tensor_scalar_cumulative, tensor_scalar_reduce,
                          tensor_tensor_scan)
 from .isa_mx import nc_matmul_mx, quantize_mx  # noqa: E402,F401
 
-_unimplemented.fill(globals(), "nki.isa", why={
-    "local_gather": "the 16-partition GpSimd gather layout is not simulated",
-})
+_unimplemented.fill(globals(), "nki.isa")

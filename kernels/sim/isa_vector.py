@@ -80,8 +80,15 @@ class _Op:
 
 def engine_seconds(engine_name: str, free: int, reads: list, writes: list) -> float:
     """``rates.elementwise_seconds`` of an instruction: its full-size input tiles (scalar
-    columns [P, 1] do not count) and the widest element of its operands."""
-    inputs = sum(1 for v in reads if v.size and checks.free_size(v) >= free)
+    columns [P, 1] do not count) and the widest element of its operands.
+
+    A full-size input read from PSUM does not add a pass: "max(MIN_II, N) [cycles]: one input
+    tile is in PSUM and the other is in SBUF", "max(MIN_II, 2N): otherwise" (nki.isa.tensor_tensor,
+    "Estimated instruction cost"), so inputs = max(1, full-size inputs in SBUF)."""
+    full = [v for v in reads if v.size and checks.free_size(v) >= free]
+    inputs = sum(1 for v in full if v.buffer is not MemoryRegion.psum)
+    if inputs < len(full):
+        inputs = max(1, inputs)
     itemsize = max((v.dtype.itemsize for v in list(reads) + list(writes)), default=4)
     return rates.elementwise_seconds(free, engine_name, itemsize, inputs)
 
@@ -471,7 +478,8 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
 
 
 def sequence_bounds(dst, segment_ids, name=None):
-    """Per element: the [start, end) of the run of equal segment ids it belongs to."""
+    """Per element: the [start, end) of the run of equal segment ids it belongs to; padding
+    (segment id 0) gets start n and end -1, n the ids per partition ("nki.isa.sequence_bounds")."""
     o = _Op("sequence_bounds", name)
     segment_ids, dst = o.tile(segment_ids, "segment_ids"), o.tile(dst, "dst", write=True)
     if o.ctx.numerics:
@@ -484,7 +492,7 @@ def sequence_bounds(dst, segment_ids, name=None):
                 j = i
                 while j < n and s[p, j] == s[p, i]:
                     j += 1
-                start[p, i:j], end[p, i:j] = i, j
+                start[p, i:j], end[p, i:j] = (i, j) if s[p, i] != 0 else (n, -1)
                 i = j
         o.write(dst, np.stack([start, end], axis=1))
     return o.issue("GpSimd", checks.free_size(segment_ids))
@@ -525,6 +533,50 @@ def nc_n_gather(dst, data, indices, name=None):
             raise ConstraintError(f"{o.w}: indices outside [0, {d.shape[1]})")
         o.write(dst, np.take_along_axis(d, i, axis=1))
     return o.issue("GpSimd", checks.free_size(indices))
+
+
+LOCAL_GATHER_ELEMS = (1, 2, 4, 8, 16, 32)  # num_elem_per_idx values "nki.isa.local_gather" allows
+LOCAL_GATHER_PARTITIONS = 16  # SBUF partitions each of the eight GpSimd cores connects to
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Gather within groups of 16 partitions on the GpSimd engine ("nki.isa.local_gather"):
+    the GpSimd core of partitions [16c, 16c + 16) flattens its slice of ``index`` partition
+    dim first, keeps the first ``num_valid_indices`` (all by default) and, for each partition
+    p of the slice, ``dst[p] = concat_j src[p, i_j : i_j + num_elem_per_idx]``, ``i_j`` an
+    element offset into p's flattened free dims. Rules of the reference: uint16 indices;
+    src and index with the same partitions, a multiple of 16; ``num_elem_per_idx`` in
+    1, 2, 4, ..., 32; at most 4096 indices per core; no dtype cast. Out-of-bounds indices
+    (undefined on the device) are refused."""
+    o = _Op("local_gather", name)
+    src, index, dst = o.tile(src_buffer, "src_buffer"), o.tile(index, "index"), o.tile(dst, "dst", write=True)
+    p, n, group = src.shape[0], int(num_elem_per_idx), LOCAL_GATHER_PARTITIONS
+    if index.shape[0] != p or p % group:
+        raise ConstraintError(f"{o.w}: src_buffer and index need the same partitions, a multiple of {group}; "
+                              f"got {src.shape[0]} and {index.shape[0]}")
+    if index.dtype != np.uint16:
+        raise ConstraintError(f"{o.w}: index must be uint16, got {index.dtype}")
+    if n not in LOCAL_GATHER_ELEMS:
+        raise ConstraintError(f"{o.w}: num_elem_per_idx must be one of {LOCAL_GATHER_ELEMS}, got {n}")
+    per_core = index.size // (p // group)
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < valid <= min(per_core, 4096):
+        raise ConstraintError(f"{o.w}: num_valid_indices {valid} outside [1, min({per_core} indices per core, 4096)]")
+    if dst.dtype != src.dtype or dst.shape[0] != p or checks.free_size(dst) != valid * n:
+        raise ConstraintError(f"{o.w}: dst must be {src.dtype} with {p} partitions of {valid * n} elements, "
+                              f"got {dst.dtype} {dst.shape}")
+    if o.ctx.numerics:
+        data = _flat(np.asarray(o.ctx.read(src, o.op, name, "src_buffer")))
+        idx = _flat(o.value(index, integer=True)).astype(np.int64)
+        out = np.empty((p, valid * n), dtype=data.dtype)
+        for lo in range(0, p, group):
+            offsets = idx[lo:lo + group].flatten(order="F")[:valid]
+            if (offsets + n > data.shape[1]).any():
+                raise ConstraintError(f"{o.w}: an index of partitions {lo}..{lo + group - 1} reads past the "
+                                      f"{data.shape[1]} elements of a partition")
+            out[lo:lo + group] = data[lo:lo + group][:, (offsets[:, None] + np.arange(n)).reshape(-1)]
+        o.write(dst, out)
+    return o.issue("GpSimd", valid * n)
 
 
 def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False, reverse1=False, reduce_op=None,

@@ -56,11 +56,17 @@ hbm = MemoryRegion.private_hbm  # "nki.language": hbm is an alias of private_hbm
 class _NKIObjectType(type):
     """Instances of NKIObject classes accept their class attributes as keyword arguments,
     also where ``@dataclass`` saw no annotated fields (``class P(nl.NKIObject): x = None``
-    then ``P(x=1)``), as kernels of nki-library construct them."""
+    then ``P(x=1)``), as kernels of nki-library construct them. A field the constructor leaves
+    out and that has no default is None, as the NKI 0.6+ front end (KLR) initializes it (its
+    class tests, interop/test/test_class.py of github.com/leanprover/KLR: ``A()`` of a class
+    with ``y : bool`` reads ``a.y == None``), where a Python dataclass raises TypeError."""
 
     _accepted: dict[type, tuple[bool, frozenset]] = {}
+    _required: dict[type, tuple[str, ...]] = {}
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        unset = {name: None for name in cls._required_fields()[len(args):] if name not in kwargs}
+        kwargs = {**unset, **kwargs}
         if not kwargs:
             return super().__call__(*args)
         acc = _NKIObjectType._accepted.get(cls)
@@ -81,6 +87,21 @@ class _NKIObjectType(type):
                     raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {k!r}")
                 setattr(obj, k, v)
         return obj
+
+    def _required_fields(cls) -> tuple[str, ...]:
+        """The dataclass fields without a default that ``__init__`` takes and requires, in order
+        (a class's own ``__init__`` may take others); () for classes that are not dataclasses."""
+        req = _NKIObjectType._required.get(cls)
+        if req is None:
+            import dataclasses
+            import inspect
+            req = ()
+            if dataclasses.is_dataclass(cls):
+                params = inspect.signature(cls.__init__).parameters
+                req = tuple(f.name for f in dataclasses.fields(cls)
+                            if f.name in params and params[f.name].default is inspect.Parameter.empty)
+            _NKIObjectType._required[cls] = req
+        return req
 
 
 class NKIObject(metaclass=_NKIObjectType):

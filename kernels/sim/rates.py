@@ -126,6 +126,12 @@ MATMUL_FP32_FACTOR = 4
 # Fixed cost of a Vector/Scalar/GpSimd instruction: "Tensor access overhead ... approximately
 # 60 cycles on NeuronCore-v2" (Trainium/Inferentia2 architecture guide, data movement); 64 kept.
 ELEMENTWISE_FIXED_CYCLES = 64
+# A VectorE instruction that reads the output of the engine's previous instruction cannot hide
+# its start behind that one: "with every instruction depending on the output tile of the
+# previous instruction, we need to add a static instruction overhead of 100 engine cycles"
+# (Trainium/Inferentia2 architecture guide, Vector Engine cost model). Its fixed cost is then
+# 100 cycles instead of ELEMENTWISE_FIXED_CYCLES (ASSUMPTION: the same on every generation).
+VECTOR_DEPENDENT_FIXED_CYCLES = 100
 
 DMA_BANDWIDTH_BPS = GENERATIONS["trn2"].dma_Bps  # per core, trn2 (16 x 23 B/ns); the active
 # generation's is ``active().dma_Bps``. It also bounds the core's HBM traffic in the simulator:
@@ -255,6 +261,12 @@ def elementwise_seconds(free_elements: int, engine: str = "Vector", itemsize: in
     else:
         hz, lanes = g.gpsimd_hz, 1
     return (max(1, inputs) * free_elements / lanes + ELEMENTWISE_FIXED_CYCLES) / hz
+
+
+def vector_dependent_extra_seconds() -> float:
+    """Extra time of a VectorE instruction that reads its predecessor's output on the active
+    generation: (VECTOR_DEPENDENT_FIXED_CYCLES - ELEMENTWISE_FIXED_CYCLES) VectorE cycles."""
+    return (VECTOR_DEPENDENT_FIXED_CYCLES - ELEMENTWISE_FIXED_CYCLES) / active().vector_hz
 
 
 def dma_transfer_seconds(nbytes: int, chunks: int = 0, partitions: int = 128) -> float:

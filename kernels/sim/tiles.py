@@ -134,8 +134,11 @@ def store(dst: Any, value: Any) -> None:
         value = value.reshape(dst.shape) if value.is_contiguous() else value
     checks.dma(dst, value, w)
     if ctx.numerics:
-        data = ctx.read(value, "nl.store", None, "value")
-        ctx.write(dst, (np.asarray(data).astype(np.float32) if value.dtype != dst.dtype else data).reshape(dst.shape))
+        # a DMA moves bytes, written or not (as isa.dma_copy): unwritten elements move along as
+        # unwritten (NaN), refused where they are used; a tile nothing has written is refused here
+        data, mask = ctx.read_moved(value, "nl.store", None, "value")
+        ctx.write_moved(dst, (np.asarray(data).astype(np.float32) if value.dtype != dst.dtype else data)
+                        .reshape(dst.shape), None if mask is None else mask.reshape(dst.shape))
     ctx.issue_dma("nl.store", None, value.nbytes, [value], [dst])
 
 

@@ -41,7 +41,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from . import rates
-from .tensor import NkiTensor, box_contains
+from .tensor import NkiTensor, box_contains, boxes_overlap
 
 COMPUTE_ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd")
 # Free bandwidth intervals shorter than this are not used (float noise between touching ones).
@@ -101,6 +101,7 @@ class CoreTimeline:
         self._dma_queue_free = [0.0] * rates.DMA_QUEUES  # descriptor generation, per queue
         self._dma_queue_data = [0.0] * rates.DMA_QUEUES  # end of the last data phase, per queue
         self._dma_next = 0
+        self._last_writes: dict[str, list[tuple[int, tuple]]] = {}  # per engine: its last instruction's writes
         self._bw_starts: list[float] = []  # busy intervals of the DMA bandwidth, sorted, disjoint
         self._bw_ends: list[float] = []
         self.end_s = 0.0
@@ -176,6 +177,14 @@ class CoreTimeline:
         self.end_s = max(self.end_s, end)
         if self.instructions is not None:
             self.instructions.append(Instruction(op, name, engine, start, end))
+
+    def reads_previous(self, engine: str, reads: list[NkiTensor], writes: list[NkiTensor]) -> bool:
+        """Whether ``reads`` overlap what the previous instruction on ``engine`` wrote; records
+        ``writes`` as that engine's last."""
+        last = self._last_writes.get(engine, ())
+        hit = any(v.alloc.id == aid and boxes_overlap(v.box(), box) for v in reads for aid, box in last)
+        self._last_writes[engine] = [(v.alloc.id, v.box()) for v in writes]
+        return hit
 
     def run(self, engine: str, duration: float, ready: float, op: str, name: str | None) -> tuple[float, float]:
         """An in-order engine instruction: starts at max(ready, engine free)."""

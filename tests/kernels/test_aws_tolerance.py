@@ -14,12 +14,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from aws_case import DEFAULT_ULPS, Case, mismatch, wrong_answers  # noqa: E402
+from aws_cases_blocks import BLOCK_CASES  # noqa: E402
 from aws_cases_lib import LIB_CASES  # noqa: E402
 from aws_cases_moe import MOE_CASES  # noqa: E402
 from aws_cases_mx import MX_CASES  # noqa: E402
+from aws_cases_mx_cte import MX_MOE_CASES  # noqa: E402
 from aws_cases_sdk import SDK_CASES  # noqa: E402
 
-CASES = SDK_CASES + LIB_CASES + MOE_CASES + MX_CASES
+CASES = SDK_CASES + LIB_CASES + BLOCK_CASES + MOE_CASES + MX_CASES + MX_MOE_CASES
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 
 
@@ -76,3 +78,32 @@ def test_no_case_tolerance_passes_a_1_percent_scale_error_at_its_own_dtype(dtype
             continue
         got = want.astype(dtype)
         assert mismatch(got.astype(np.float64) * 1.01, want, c, [np.dtype(dtype)]), f"{c.file}::{c.kernel}"
+
+
+def test_mx_quantize_follows_the_ocp_rule_and_nki_scale():
+    """OCP MX v1.0 sec. 6.3: shared exponent floor(log2 amax) - emax_elem, elements rounded to
+    nearest even; NKI's quantize_mx uses a scale twice the OCP one."""
+    from aws_cases_mx import mx_quantize
+
+    block = np.zeros(32)
+    block[:4] = [1.0, 1.0625, 1.09375, -0.5]  # amax 1: NKI scale 2^-7, elements 128, 136, 140, -64
+    vals, byte = mx_quantize(block)
+    assert int(byte) == 127 - 7
+    # E4M3 steps by 16 in [128, 256): 136 is a tie -> 128 (even), 140 -> 144
+    assert list(vals[:4]) == [1.0, 1.0, 1.125, -0.5]
+    assert int(mx_quantize(block, nki_scale=False)[1]) == 127 - 8
+    fp4, b4 = mx_quantize(np.array([6.0, 0.25, 0.75, -2.6] + [0.0] * 28), kind="fp4", nki_scale=False)
+    assert int(b4) == 127 and list(fp4[:4]) == [6.0, 0.0, 1.0, -3.0]  # E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6
+    zeros, bz = mx_quantize(np.zeros(32))
+    assert int(bz) == 0 and not zeros.any()
+
+
+def test_psum_matmul_is_fp32_accumulation_of_128_row_tiles():
+    from aws_case import psum_matmul
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((384, 130)), rng.standard_normal((384, 600))
+    got = psum_matmul(a, b)
+    exact = a.T @ b
+    assert got.dtype == np.float64 and np.array_equal(got, got.astype(np.float32))  # FP32 values
+    assert np.allclose(got, exact, rtol=1e-5, atol=1e-4) and not np.array_equal(got, exact)

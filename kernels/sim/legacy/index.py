@@ -48,7 +48,18 @@ class Mask:
         return True
 
 
-class Idx:
+class _Arithmetic:
+    """``+``, ``-`` and ``*`` of index expressions, both ways round, through the class's ``_bin``."""
+
+    def __add__(self, o): return self._bin(o, operator.add)
+    def __radd__(self, o): return self._bin(o, operator.add, True)
+    def __sub__(self, o): return self._bin(o, operator.sub)
+    def __rsub__(self, o): return self._bin(o, operator.sub, True)
+    def __mul__(self, o): return self._bin(o, operator.mul)
+    def __rmul__(self, o): return self._bin(o, operator.mul, True)
+
+
+class Idx(_Arithmetic):
     """An integer index expression: a NumPy array broadcast over the index space."""
 
     __array_priority__ = 100
@@ -64,16 +75,12 @@ class Idx:
         return Idx(self.v[k])
 
     def _bin(self, o: Any, fn: Any, rev: bool = False) -> Any:
+        if isinstance(o, (NkiTensor, DynIdx)):  # iy + t[0, i]: an index with a runtime part
+            return (o if isinstance(o, DynIdx) else DynIdx(o))._bin(self, fn, not rev)
         b = o.v if isinstance(o, Idx) else o
         r = fn(b, self.v) if rev else fn(self.v, b)
         return Mask(r) if r.dtype == bool else Idx(r)
 
-    def __add__(self, o): return self._bin(o, operator.add)
-    def __radd__(self, o): return self._bin(o, operator.add, True)
-    def __sub__(self, o): return self._bin(o, operator.sub)
-    def __rsub__(self, o): return self._bin(o, operator.sub, True)
-    def __mul__(self, o): return self._bin(o, operator.mul)
-    def __rmul__(self, o): return self._bin(o, operator.mul, True)
     def __floordiv__(self, o): return self._bin(o, operator.floordiv)
     def __mod__(self, o): return self._bin(o, operator.mod)
     def __neg__(self): return Idx(-self.v)
@@ -84,6 +91,28 @@ class Idx:
     def __eq__(self, o): return self._bin(o, operator.eq)  # type: ignore[override]
     def __ne__(self, o): return self._bin(o, operator.ne)  # type: ignore[override]
     __hash__ = None  # type: ignore[assignment]
+
+
+class DynIdx(_Arithmetic):
+    """An index with a runtime part: ``t[0, i] + iy`` in a subscript, the value of the
+    one-element SBUF tile ``t[0, i]`` (read when the view is made, as the engine reads it
+    into a register) combined with static index expressions; the view's address is not known
+    ahead, so its dependencies cover the whole tensor ("nki.isa.tensor_copy_dynamic_src":
+    "the dynamic offset must be a scalar value resided in SBUF", combined with nl.mgrid)."""
+
+    __array_priority__ = 101
+
+    def __init__(self, reg: NkiTensor, fn: Any = None) -> None:
+        self.reg, self.fn = reg, fn or (lambda r: r)
+
+    def resolve(self) -> Idx:
+        from ..tensor import dynamic_index
+        return Idx(self.fn(dynamic_index(self.reg, here("dynamic index"))))
+
+    def _bin(self, o: Any, fn: Any, rev: bool = False) -> "DynIdx":
+        f, b = self.fn, (o.v if isinstance(o, Idx) else o)
+        return DynIdx(self.reg, (lambda r: fn(b, f(r))) if rev else (lambda r: fn(f(r), b)))
+
 
 
 def arange(*args: Any) -> Idx:
@@ -148,7 +177,7 @@ def _key_shape(key: tuple) -> tuple[int, ...]:
 
 def has_index(key: Any) -> bool:
     key = key if isinstance(key, tuple) else (key,)
-    return any(isinstance(k, Idx) for k in key) or bool(key and isinstance(key[0], NkiTensor))
+    return any(isinstance(k, (Idx, DynIdx)) for k in key) or bool(key and isinstance(key[0], NkiTensor))
 
 
 def _affine(arr: np.ndarray, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
@@ -285,6 +314,10 @@ def getitem(base: NkiTensor, key: Any) -> Any:
     key = key if isinstance(key, tuple) else (key,)
     if key and isinstance(key[0], NkiTensor):
         return _indirect(base, key + tuple(Idx(np.arange(n).reshape(1, n)) for n in base.shape[len(key):]))
+    dynamic = any(isinstance(k, (DynIdx, NkiTensor)) for k in key)
+    if dynamic:  # the runtime values, read now (instructions run in program order)
+        key = tuple((k if isinstance(k, DynIdx) else DynIdx(k)).resolve() if isinstance(k, (DynIdx, NkiTensor))
+                    else k for k in key)
     if len(key) < base.ndim:
         key = key + tuple(Idx(np.arange(n).reshape((1,) * (len(_key_shape(key)) + i) + (n,)))
                           for i, n in enumerate(base.shape[len(key):]))
@@ -292,6 +325,9 @@ def getitem(base: NkiTensor, key: Any) -> Any:
     if why is not None:
         return OutOfBounds(base, key, why)
     v = view(base, key)
+    if dynamic:
+        v._dyn = True
+        v._box = tuple((0, n) for n in base.alloc.shape)
     out = object.__new__(IndexedView)
     for s in NkiTensor.__slots__:
         object.__setattr__(out, s, getattr(v, s))

@@ -66,8 +66,10 @@ def _dt(dtype: Any, x: Any) -> Any:
 
 
 def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, mask=None,
-              is_transpose=False, tile_position=(), tile_size=(), **kwargs):
+              is_transpose=False, tile_position=(), tile_size=(), perf_mode=None, **kwargs):
     """[M, N] FP32 PSUM tile = stationary[K, M].T @ moving[K, N] ("nki.isa.nc_matmul")."""
+    if perf_mode is not None and str(getattr(perf_mode, "name", perf_mode)).startswith("double_row"):
+        return _double_row(stationary, moving, mask)
     m = int(math.prod(stationary.shape[1:]))
     n = int(math.prod(moving.shape[1:]))
     dtype = stationary.dtype if is_transpose else np.float32
@@ -75,6 +77,28 @@ def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero
                 lambda dst, **o: _isa.nc_matmul(dst, o["s"], o["m"], is_transpose=is_transpose,
                                                 tile_position=tile_position, tile_size=tile_size, accumulate=False),
                 mask, {"s": stationary, "m": moving})
+
+
+def _double_row(stationary, moving, mask):
+    """FP8 double-row mode: stationary [K, 2, M] and moving [K, 2, N] hold two rows per PE
+    ("matmul_perf_mode.double_row": two FP8 element pairs packed, twice the throughput), so
+    the [M, N] result contracts over K and the pair: sum_l stationary[:, l].T @ moving[:, l]
+    (the API reference's example, einsum "kli,klj->ij"). Run as two accumulating matmuls at
+    the double-row rate."""
+    w = here("nisa.nc_matmul")
+    if len(stationary.shape) != 3 or len(moving.shape) != 3 or stationary.shape[1] != 2 or moving.shape[1] != 2:
+        raise ConstraintError(f"{w}: perf_mode double_row needs stationary [K, 2, M] and moving [K, 2, N], got "
+                              f"{tuple(stationary.shape)} and {tuple(moving.shape)}")
+    if np.dtype(stationary.dtype).itemsize != 1 or np.dtype(moving.dtype).itemsize != 1:
+        raise ConstraintError(f"{w}: perf_mode double_row takes FP8 operands, got {stationary.dtype} and "
+                              f"{moving.dtype}")
+    fast = _isa.matmul_perf_mode.double_row
+
+    def call(dst, **o):
+        for row in range(2):
+            _isa.nc_matmul(dst, o["s"][:, row, :], o["m"][:, row, :], accumulate=row > 0, perf_mode=fast)
+    return _run("nc_matmul", (stationary.shape[2], moving.shape[2]), np.float32, MemoryRegion.psum, call, mask,
+                {"s": stationary, "m": moving})
 
 
 def nc_transpose(data, mask=None, dtype=None, engine=engine.unknown, **kwargs):
@@ -270,6 +294,7 @@ def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, **k
 
 
 from .. import constants  # noqa: E402 - neuronxcc.nki.isa.constants
+from .dynamic import local_gather, tensor_copy_dynamic_dst, tensor_copy_dynamic_src  # noqa: E402,F401
 
 __path__: list[str] = []  # a package, so that ``neuronxcc.nki.isa.constants`` imports
 

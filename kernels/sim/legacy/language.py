@@ -12,6 +12,7 @@ applied around them: the masked box of the index space is what the instruction r
 from __future__ import annotations
 
 import builtins
+import operator
 import math
 import functools
 from typing import Any
@@ -327,8 +328,13 @@ def _export() -> None:
 _export()
 
 
+_INDEX_OPS = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul}
+
+
 def _tile_op(fn_name: str, rev: bool = False) -> Any:
     def op(self: Any, other: Any) -> Any:
+        if isinstance(other, (_ix.Idx, _ix.DynIdx)) and fn_name in _INDEX_OPS:  # t[0, i] + iy: a dynamic index
+            return _ix.DynIdx(self)._bin(other, _INDEX_OPS[fn_name], rev)
         fn = globals()[fn_name]
         return fn(other, self) if rev else fn(self, other)
     return op
@@ -390,3 +396,6 @@ def uninstall_operators() -> None:
         NkiTensor.__getitem__ = NkiTensor.__getitem__._plain
     if getattr(NkiTensor.__setitem__, "_legacy", False):
         NkiTensor.__setitem__ = NkiTensor.__setitem__._plain
+
+
+from .dynamic import atomic_rmw  # noqa: E402,F401 - nl.atomic_rmw (an HBM read-modify-write)

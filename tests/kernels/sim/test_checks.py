@@ -40,6 +40,13 @@ def psum_nine_banks():
 
 
 @nki.jit
+def psum_tile_over_8_banks():
+    """One PSUM tile of 18 KiB per partition: more than PSUM holds, nothing to spill."""
+    t = nl.ndarray((128, 4608), dtype=nl.float32, buffer=nl.psum)
+    nisa.memset(dst=t, value=0.0)
+
+
+@nki.jit
 def psum_tiles_never_used_together():
     """Nine PSUM tiles referenced from Python, but each used alone: the compiler reuses the space."""
     tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
@@ -165,10 +172,16 @@ def test_matmul_contraction_over_128() -> None:
         sim(matmul_shapes, k=256, m=64, n=64)
 
 
-def test_psum_over_8_banks() -> None:
-    with pytest.raises(ConstraintError, match=r"memset: PSUM over capacity: live tensors need 18432 bytes per partition > 16384 \(8 banks of 2048"):
-        sim(psum_nine_banks)
-    sim(psum_tiles_never_used_together)
+def test_psum_over_8_banks_spills_into_sbuf() -> None:
+    # nine banks live at once: the compiler spills one (the one read last) into SBUF and
+    # reloads it, on the DMA queues; one tile larger than PSUM cannot be spilled
+    res = sim(psum_nine_banks)
+    assert res.timeline.cores[0].counts["DMA spill"] == 2 * rates.PMAX
+    with pytest.raises(ConstraintError, match=r"memset: PSUM over capacity: live tensors need 18432 bytes per "
+                                              r"partition > 16384 \(8 banks of 2048 bytes; the tensors this "
+                                              r"instruction touches alone exceed it"):
+        sim(psum_tile_over_8_banks)
+    assert "DMA spill" not in sim(psum_tiles_never_used_together).timeline.cores[0].counts
 
 
 def test_sbuf_over_224_kib_and_trn3_figure() -> None:
@@ -239,7 +252,7 @@ def test_uninitialized_read() -> None:
 
 def test_checks_run_without_numerics() -> None:
     with pytest.raises(ConstraintError, match="PSUM over capacity"):
-        run_ranks(psum_nine_banks, [()], numerics=False)
+        run_ranks(psum_tile_over_8_banks, [()], numerics=False)
     with pytest.raises(ConstraintError, match="matmul moving free size 1024 > 512"):
         run_ranks(matmul_shapes, [()], numerics=False, kwargs=dict(k=128, m=128, n=1024))
 

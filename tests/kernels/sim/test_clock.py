@@ -187,8 +187,10 @@ def test_spill_where_the_compiler_spills_with_its_dma_cost() -> None:
 def elementwise(dtype):
     a = nl.ndarray((128, 512), dtype=dtype, buffer=nl.sbuf)
     b = nl.ndarray((128, 512), dtype=dtype, buffer=nl.sbuf)
+    c = nl.ndarray((128, 1), dtype=dtype, buffer=nl.sbuf)
     nisa.memset(dst=a, value=1.0)
     nisa.memset(dst=b, value=1.0)
+    nisa.memset(dst=c, value=1.0)  # so that the tensor_tensor does not read its predecessor's output
     nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
     nisa.activation(dst=b, op=nl.exp, data=a)
 
@@ -203,6 +205,29 @@ def test_vector_and_scalar_rates(dtype, lanes: int) -> None:
     assert act.end_s - act.start_s == pytest.approx((512 + 64) / 1.2e9)  # ScalarE 1.2 GHz, 1 lane
 
 
+@nki.jit
+def psum_operand():
+    a, b, c, d = (nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf) for _ in range(4))
+    for t in (a, b, c, d):
+        nisa.memset(dst=t, value=1.0)
+    p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=p, stationary=a[:, 0:128], moving=b)
+    nisa.tensor_tensor(dst=c, data1=b, data2=p, op=nl.multiply, name="sbuf_psum")
+    nisa.tensor_tensor(dst=d, data1=a, data2=b, op=nl.multiply, name="sbuf_sbuf")
+    nisa.tensor_tensor(dst=a, data1=d, data2=b, op=nl.multiply, name="reads_previous")
+
+
+@pytest.mark.parametrize("gen, hz, lanes", [("trn1", 1.12e9, 1), ("trn2", 0.96e9, 2)])
+def test_an_operand_in_psum_takes_no_extra_pass(gen: str, hz: float, lanes: int) -> None:
+    """nki.isa.tensor_tensor's cost table: N cycles with one input in PSUM, 2N with both in
+    SBUF; an instruction reading its predecessor's output has 100 fixed cycles, not 64
+    (Trainium/Inferentia2 architecture guide, VectorE cost model)."""
+    ins = {i.name: i for i in run(psum_operand, gen=gen).timeline.cores[0].instructions}
+    assert ins["sbuf_psum"].end_s - ins["sbuf_psum"].start_s == pytest.approx((512 / lanes + 64) / hz)
+    assert ins["sbuf_sbuf"].end_s - ins["sbuf_sbuf"].start_s == pytest.approx((2 * 512 / lanes + 64) / hz)
+    assert ins["reads_previous"].end_s - ins["reads_previous"].start_s == pytest.approx((2 * 512 / lanes + 100) / hz)
+
+
 # --- the benchmark -----------------------------------------------------------------------------
 def test_benchmark_runs_a_small_row(capsys) -> None:
     row = sim_vs_device.ROWS[0]  # the tiled matmul, every dimension / 16: 512x256 @ 512x512
@@ -213,3 +238,32 @@ def test_benchmark_runs_a_small_row(capsys) -> None:
     assert "kernel-optimization matmul v2" in out and "v2-dma.png" in out
     # the simulated TensorE time is a floor: 2 x 1 x 4 FP32 matmuls of 512 columns
     assert sim_ms * 1e-3 >= 8 * 4 * 512 / 2.4e9
+
+
+def _mamba_reference(delta, u, A, B, C):
+    """The Mamba selective scan in NumPy: sum over states of C * scan(exp(delta * A), delta * u * B)."""
+    out = np.zeros_like(delta)
+    for s in range(A.shape[1]):
+        dA = np.exp(delta * A[None, :, s:s + 1])
+        dBu = delta * u * B[:, s:s + 1, :]
+        h = np.zeros(delta.shape[:2], dtype=np.float64)
+        for i in range(delta.shape[2]):
+            h = dA[:, :, i] * h + dBu[:, :, i]
+            out[:, :, i] += C[:, s, i][:, None] * h
+    return out
+
+
+@pytest.mark.parametrize("kernel, seq_len", [("mamba_v1", 512), ("mamba_v2", 512), ("mamba_v2", 1024),
+                                             ("mamba_v3", 1024)])
+def test_benchmark_mamba_kernels_compute_the_scan(kernel: str, seq_len: int) -> None:
+    """The benchmark's transcriptions compute what the tutorial's kernels compute (1024
+    columns: the broadcast through SBUF, and v3's scan carried across 512-column tiles)."""
+    rng = np.random.default_rng(0)
+    delta = rng.uniform(0.0, 0.1, (1, 256, seq_len)).astype(F32)
+    u = rng.normal(size=(1, 256, seq_len)).astype(F32)
+    A = -rng.uniform(0.5, 1.5, (256, 2)).astype(F32)
+    B = rng.normal(size=(1, 2, seq_len)).astype(F32)
+    C = rng.normal(size=(1, 2, seq_len)).astype(F32)
+    with rates.generation("trn1"):
+        res = run_ranks(getattr(sim_vs_device, kernel), [[delta, u, A, B, C]])
+    np.testing.assert_allclose(res.outputs[0], _mamba_reference(delta, u, A, B, C), rtol=2e-4, atol=2e-4)
