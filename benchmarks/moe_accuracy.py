@@ -23,19 +23,23 @@ GOAL = 0.15  # mean |error| of the MoE rows
 SOLVE_TIME_LIMIT_S = 240.0  # the search's safety stop; its deterministic budget decides the answer
 
 
+def scored_rows(cases, width: int):
+    """(target, case, row) of each (target, case) the model can express; a row it cannot is printed
+    as one line with the reason (a published layout the rules refuse) and left out of the errors."""
+    for target, case in cases:
+        try:
+            yield target, case, case.row(target)
+        except InputError as why:
+            print(f"{case.label:{width}s} {case.published_s:11.2f} not expressible: {why}")
+
+
 def moe_set(run_solve: bool = True) -> None:
     """Print every MoE row (published s, model s, error, the model's terms), mean and worst error
     against the goal, and the DeepSeek-V3 comparison."""
     print("\nMoE published runs (never fitted: held-out; targets/measured/moe-published.csv)")
     print(f"{'row':70s} {'published s':>11s} {'model s':>8s} {'error':>8s} {'GiB':>6s} {'fits':>5s}")
     errors, deepseek = [], None
-    for target_name, case in moe_cases():
-        target = load_target(target_name)
-        try:
-            r = case.row(target)
-        except InputError as why:
-            print(f"{case.label:70s} {case.published_s:11.2f} not expressible: {why}")
-            continue
+    for target, case, r in scored_rows(((load_target(name), case) for name, case in moe_cases()), 70):
         errors.append(r.error)
         ev = r.evaluation
         print(f"{r.label:70s} {r.published_s:11.2f} {ev.step.total:8.2f} {r.error:+8.1%} "
@@ -82,7 +86,7 @@ def compare_deepseek(target, case, published_row) -> None:
         delta = {k: mine.step.as_dict()[k] - best.step.as_dict()[k] for k in mine.step.as_dict() if k != "tp_raw"}
         reasons = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[:3]
         print(f"  trnopt's is {'faster' if best.step.total < mine.step.total else 'slower'} in the model by "
-              f"{mine.step.total - best.step.total:+.2f} s a step; the terms that differ most "
+              f"{abs(mine.step.total - best.step.total):.2f} s a step; the terms that differ most "
               f"(DeepSeek's minus trnopt's): " + ", ".join(f"{k} {v:+.2f} s" for k, v in reasons))
     print(f"  (search: {result.status}, {cpu:.1f} CPU-s; DeepSeek's measured step {published_row.published_s:.2f} s)")
     if target.name != "h100":  # the same run on H100 nodes (NVLink 900 GB/s)

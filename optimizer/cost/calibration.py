@@ -58,6 +58,7 @@ TRN1_FILE = "measured/trn1-published.csv"
 H100_FILE = "measured/h100-published.csv"
 MOE_FILE = "measured/moe-published.csv"
 HELD_OUT_FILE = "measured/held-out.json"
+H100_PEAK_TFLOPS = 989  # the h100 target's part (H100 SXM, 700 W): dense BF16, NVIDIA H100 datasheet
 MATMUL_GRID = tuple(x / 100 for x in range(20, 101, 2))
 ELEMENTWISE_GRID = (0.25, 0.5, 0.75, 1.0)
 OVERHEAD_US_GRID = (0, 1000, 2500, 5000, 10000, 20000, 40000)
@@ -89,11 +90,25 @@ class Case:
     """(bytes, bytes/s) of the HBM the run's accelerator had, when it differs from the target's part."""
     published_gib: float | None = None
     """Peak memory per accelerator the source publishes (GiB), or None."""
+    clock_share: float = 1.0
+    """The run's dense BF16 peak over the target part's (a power-limited part runs its engines at a
+    lower clock): every engine clock of the target is scaled by it."""
+    attention: float | None = None
+    """``Efficiency.attention`` of the run's flash-attention kernel where its source names it, or None."""
+    framework: str = ""
+    """The software stack that ran it as the source names it (e.g. "torchtitan torch.compile")."""
 
     def row(self, target: Target) -> Row:
         if self.hbm is not None:
             target = dataclasses.replace(target, chip=dataclasses.replace(
                 target.chip, hbm_bytes=self.hbm[0], hbm_bandwidth=self.hbm[1]))
+        if self.attention is not None:
+            target = dataclasses.replace(target, efficiency=dataclasses.replace(target.efficiency,
+                                                                                attention=self.attention))
+        if self.clock_share != 1.0:
+            e, k = target.engines, self.clock_share
+            target = dataclasses.replace(target, engines=dataclasses.replace(
+                e, tensor_hz=e.tensor_hz * k, vector_hz=e.vector_hz * k, scalar_hz=e.scalar_hz * k))
         layout = self.layout_of(target)
         # the published runs hid no TP communication: no overlap table
         problem = Problem(self.workload, target, layout.domains, overlap={})
@@ -149,7 +164,8 @@ def h100_cases() -> list[Case]:
     """The rows of targets/measured/h100-published.csv, in Megatron's rank order (tp, cp, dp, pp).
 
     Each row is scored on the h100 target with the HBM (capacity, bandwidth) of the GPU it ran on
-    (the file's hbm_gb, hbm_tbs). A row's published step is ``global_batch * seq / (tokens/s per GPU * GPUs)``, or for a
+    (the file's hbm_gb, hbm_tbs) and, where the file gives one, its part's dense BF16 peak (peak_tflops:
+    engine clocks scaled by peak / 989) and its attention kernel's share of the peak (attention_share). A row's published step is ``global_batch * seq / (tokens/s per GPU * GPUs)``, or for a
     TFLOPs-per-GPU row ``model_flops / (TFLOPs * 1e12 * GPUs)`` with trnopt's FLOP count
     (``steptime.model_flops``), as the file's header says.
     """
@@ -171,27 +187,34 @@ def h100_cases() -> list[Case]:
                           placement=default_placement(axes, {"tp": tp, "cp": cp, "dp": dp, "pp": pp}))
         label = f"{r['model']} {gpus} GPUs tp{tp} pp{pp} cp{cp} dp{dp} {r['framework']} {r['date']}"
         out.append(Case(label, workload, layout_of, published, hbm=(float(r["hbm_gb"]) * 1e9, float(r["hbm_tbs"]) * 1e12),
-                        published_gib=float(r["memory_gib"]) if r["memory_gib"] else None))
+                        published_gib=float(r["memory_gib"]) if r["memory_gib"] else None,
+                        clock_share=float(r["peak_tflops"]) / H100_PEAK_TFLOPS if r["peak_tflops"] else 1.0,
+                        attention=float(r["attention_share"]) if r["attention_share"] else None,
+                        framework=r["framework"]))
     return out
 
 
 def moe_cases() -> list[tuple[str, Case]]:
     """(target name, case) of every row of targets/measured/moe-published.csv: the published layout
     (expert TP empty: = tp; EP carved out of DP, or folded over TP under expert TP 1) in Megatron's
-    rank order, its step ``global_batch * seq / (tokens/s per GPU * GPUs)``."""
+    rank order with its pipeline schedule (empty: the interleave's default) and its GEMM precision
+    (``Training.fp8_gemms``), its step
+    ``global_batch * seq / (tokens/s per GPU * GPUs)``."""
     out = []
     for r in _csv_rows(MOE_FILE):
         gpus, tp, pp, cp, dp, ep = (int(r[k]) for k in ("gpus", "tp", "pp", "cp", "dp", "ep"))
         etp = int(r["etp"]) if r["etp"] else None
-        workload = Workload(load_model(r["model"]), Training(seq=int(r["seq"]), global_batch=int(r["global_batch"])))
+        workload = Workload(load_model(r["model"]), Training(seq=int(r["seq"]), global_batch=int(r["global_batch"]),
+                                                             fp8_gemms=r["fp8_gemms"] == "true"))
         published = workload.training.tokens / (float(r["value"]) * gpus)
 
         def layout_of(target, gpus=gpus, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, zero=int(r["zero"]),
-                      recompute=r["recompute"], micro=int(r["micro_batch"]), interleave=int(r["interleave"])):
+                      recompute=r["recompute"], micro=int(r["micro_batch"]), interleave=int(r["interleave"]),
+                      schedule=r["schedule"]):
             axes = target.axes(1, gpus // target.chips_per_domain)
             ep_dp = ep // (tp // (etp or tp))
             return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, axes=axes, lnc=1, zero=zero,
-                          recompute=recompute, micro_batch=micro, interleave=interleave,
+                          recompute=recompute, micro_batch=micro, interleave=interleave, schedule=schedule,
                           placement=default_placement(axes, {"tp": tp, "cp": cp, "ep": ep_dp, "dp": dp // ep_dp,
                                                              "pp": pp}))
         label = f"{r['model']} {gpus} {r['target']} tp{tp} pp{pp} dp{dp} ep{ep}{'' if etp is None else f' etp{etp}'}"

@@ -21,7 +21,8 @@ backward runs five matmuls for the forward's two (recomputing the scores).
 
 GEMMs run at ``Efficiency.gemm_share`` of TensorE's rate: the chip's achievable share
 (``chip_matmul``, stated per generation with its source) times the framework's
-(``Efficiency.matmul``). The framework's shares (``matmul``, ``elementwise``) and the fixed
+(``Efficiency.matmul``); with ``Training.fp8_gemms`` the linear layers' GEMMs run at the chip's
+achievable FP8 share (``chip_matmul_fp8``) of its FP8 peak instead (``fp8_target``). The framework's shares (``matmul``, ``elementwise``) and the fixed
 cost per micro-batch are fitted on published step times (calibration.py); nothing here
 is a fitted curve of width.
 """
@@ -29,7 +30,7 @@ is a fitted curve of width.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from trnopt.optimizer.model.layout import recompute_mix
@@ -68,17 +69,20 @@ class Rank:
         return cls(lnc, target.chip.hbm_bandwidth / target.chip.logical_cores(lnc))
 
 
-def gemm_seconds(target: Target, rank: Rank, m: float, k: float, n: float, count: float = 1.0) -> float:
+def gemm_seconds(target: Target, rank: Rank, m: float, k: float, n: float, count: float = 1.0,
+                 share: float | None = None) -> float:
     """``count`` GEMMs [m, k] x [k, n] on one rank: max(TensorE cycles / (clock * cores * share),
-    BF16 bytes (m k + k n + m n) / the rank's HBM bandwidth), the faster orientation."""
+    BF16 bytes (m k + k n + m n) / the rank's HBM bandwidth), the faster orientation; share is
+    ``Efficiency.gemm_share``. Given a ``share`` (a kernel's measured throughput, its memory traffic
+    included), the time is the engine's alone at that share."""
     if min(m, k, n) <= 0 or count <= 0:
         return 0.0
     e, eff = target.engines, target.efficiency
     mi, ki, ni = (max(1, math.ceil(x)) for x in (m, k, n))
     cycles = min(matmul_cycles(mi, ki, ni, e.pe_rows, e.stationary_fmax, e.moving_fmax, e.matmul_min_cycles),
                  matmul_cycles(ni, ki, mi, e.pe_rows, e.stationary_fmax, e.moving_fmax, e.matmul_min_cycles))
-    engine = cycles / (e.tensor_hz * rank.cores * eff.gemm_share)
-    memory = BF16 * (m * k + k * n + m * n) / rank.hbm_bandwidth
+    engine = cycles / (e.tensor_hz * rank.cores * (eff.gemm_share if share is None else share))
+    memory = BF16 * (m * k + k * n + m * n) / rank.hbm_bandwidth if share is None else 0.0
     return count * max(engine, memory)
 
 
@@ -142,7 +146,9 @@ def attention_core_seconds(workload: Workload, target: Target, rank: Rank, tp: i
     d_qk, d_v = _head_dims(workload)
     q = s / cp
     share = CAUSAL if workload.training.flash_attention else 1.0
-    matmul = share * heads * b * (gemm_seconds(target, rank, q, d_qk, s) + gemm_seconds(target, rank, q, s, d_v))
+    kernel = target.efficiency.attention if workload.training.flash_attention else None
+    matmul = share * heads * b * (gemm_seconds(target, rank, q, d_qk, s, share=kernel)
+                                  + gemm_seconds(target, rank, q, s, d_v, share=kernel))
     scores = share * heads * b * q * s
     if workload.training.flash_attention:
         exps = elementwise_seconds(target, rank, scores, 0.0, "scalar")
@@ -159,6 +165,18 @@ def _head_dims(workload: Workload) -> tuple[int, int]:
     return mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
 
 
+def fp8_target(target: Target) -> Target:
+    """``target`` with TensorE at its FP8 GEMM rate: the clock scaled by (FP8 peak / BF16 peak) x
+    (chip_matmul_fp8 / chip_matmul), so that ``gemm_seconds`` at the framework's share runs FP8 GEMMs at
+    chip_matmul_fp8 x matmul of the FP8 peak; unchanged when the target states no FP8 rate. Bytes stay
+    BF16's (FP8 inputs would cut them: only HBM-bound GEMMs would gain)."""
+    eff = target.efficiency
+    if eff.chip_matmul_fp8 is None:
+        return target
+    ratio = target.chip.fp8_flops / target.chip.bf16_flops * eff.chip_matmul_fp8 / eff.chip_matmul
+    return replace(target, engines=replace(target.engines, tensor_hz=target.engines.tensor_hz * ratio))
+
+
 @lru_cache(maxsize=65536)
 def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b: int, ep: int,
                moe: bool, etp: int | None = None) -> LayerTime:
@@ -168,19 +186,20 @@ def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b
     mdl, h = workload.model, workload.model.hidden
     rank = Rank.of(target, lnc)
     tokens = workload.training.seq / cp * b
+    linear = fp8_target(target) if workload.training.fp8_gemms else target  # the linear layers' GEMMs
     # attention projections: Q, K, V (KV heads replicated when tp exceeds them) and the output
     if mdl.mla is None:
         kv = max(mdl.kv_heads, tp) / tp
-        projections = (gemm_seconds(target, rank, tokens, h, (mdl.heads / tp + 2 * kv) * mdl.head_dim)
-                       + gemm_seconds(target, rank, tokens, mdl.heads / tp * mdl.head_dim, h))
+        projections = (gemm_seconds(linear, rank, tokens, h, (mdl.heads / tp + 2 * kv) * mdl.head_dim)
+                       + gemm_seconds(linear, rank, tokens, mdl.heads / tp * mdl.head_dim, h))
         rope = tokens * (mdl.heads / tp + kv) * mdl.head_dim
     else:
-        projections = _mla_seconds(workload, target, rank, tokens, tp)
+        projections = _mla_seconds(workload, linear, rank, tokens, tp)
         rope = tokens * mdl.heads / tp * mdl.mla.qk_rope_head_dim
-    if moe:
-        mlp, width = _moe_seconds(workload, target, rank, tokens, tp, tp if etp is None else etp, ep)
+    if moe:  # the router's small GEMM goes with the experts' (at FP8 under fp8_gemms)
+        mlp, width = _moe_seconds(workload, linear, rank, tokens, tp, tp if etp is None else etp, ep)
     else:
-        mlp = _ffn_seconds(target, rank, mdl.gated_mlp, tokens, h, mdl.ffn / tp, 1)
+        mlp = _ffn_seconds(linear, rank, mdl.gated_mlp, tokens, h, mdl.ffn / tp, 1)
         width = mdl.ffn / tp
     # the block the norms and residuals work on, elements: a sequence-parallel rank's s/tp tokens,
     # or every token when TP runs without sequence parallelism
@@ -194,7 +213,7 @@ def layer_time(workload: Workload, target: Target, lnc: int, tp: int, cp: int, b
         + elementwise_seconds(target, rank, 4 * rope, 2 * BF16 * rope, "vector"))      # RoPE on q and k
     attention, attention_backward = attention_core_seconds(workload, target, rank, tp, cp, b)
     return LayerTime(attention, attention_backward, projections, mlp, elementwise,
-                     _unsaved_matmuls(workload, target, rank, tokens, tp, moe, projections + mlp))
+                     _unsaved_matmuls(workload, linear, rank, tokens, tp, moe, projections + mlp))
 
 
 def _unsaved_matmuls(workload: Workload, target: Target, rank: Rank, tokens: float, tp: int, moe: bool,

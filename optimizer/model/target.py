@@ -119,6 +119,15 @@ class Efficiency:
     (its DMA rate against its TensorE rate), not fitted: stated per generation with its source."""
     chip_matmul_source: str = "not stated (1.0: the engines' instruction rate)"
     """Where ``chip_matmul`` comes from."""
+    attention: float | None = None
+    """Share of TensorE's instruction rate a flash-attention kernel's matmuls reach, when the run's
+    kernel is known to reach less than its GEMMs (a published run's kernel); None: ``gemm_share``."""
+    chip_matmul_fp8: float | None = None
+    """Of the chip's dense FP8 peak, the share its best FP8 GEMMs reach (measured, with its source in
+    the target file); None: no FP8 rate stated, FP8 GEMMs run at the BF16 rate."""
+    overlap_compute: float = 1.0
+    """Share of the compute rate left while communication kernels run beside compute (a GPU's SMs
+    not taken by them under DualPipe's overlap); 1.0 where collectives run on their own engines."""
 
     @property
     def gemm_share(self) -> float:
@@ -227,69 +236,12 @@ def parse_target(data: dict, source: str) -> Target:
     Every figure is held to its physical range (bounds.py), and the runtime reserve to
     less than the HBM.
     """
-    # ~100 lines on purpose: one pass over the file's tables in their order, each rule next to
-    # the key it checks (a Target is built once, at the end, from validated parts)
     root = Table(data, source)
-    chip_t = root.table("chip")
-    cores = chip_t.int("physical_cores", maximum=B.MAX_PHYSICAL_CORES)
-    lnc_allowed = chip_t.int_list("lnc_allowed")
-    for lnc in lnc_allowed:
-        if cores % lnc:
-            raise chip_t.fail("lnc_allowed", f"LNC={lnc} does not divide physical_cores={cores}")
-    lnc_default = chip_t.int("lnc_default")
-    if lnc_default not in lnc_allowed:
-        raise chip_t.fail("lnc_default", f"{lnc_default} is not in lnc_allowed {list(lnc_allowed)}")
-    chip = Chip(
-        name=chip_t.str("name", nonempty=True),
-        physical_cores=cores,
-        lnc_default=lnc_default,
-        lnc_allowed=lnc_allowed,
-        hbm_bytes=_scaled(chip_t, "hbm_gib", GIB, B.HBM_GIB),
-        hbm_bandwidth=_scaled(chip_t, "hbm_bandwidth_gbs", GB, B.HBM_BANDWIDTH_GBS),
-        bf16_flops=_scaled(chip_t, "bf16_tflops", 1e12, B.TFLOPS),
-        fp8_flops=_scaled(chip_t, "fp8_tflops", 1e12, B.TFLOPS),
-        sbuf_bytes_per_partition=chip_t.int("sbuf_kib_per_partition", maximum=B.MAX_SBUF_KIB) * 1024,
-        on_chip_bandwidth=_scaled(chip_t, "on_chip_bandwidth_gbs", GB, B.ON_CHIP_GBS),
-    )
-    axes = []
-    tables = root.tables("axes")
-    if len(tables) > 16:
-        raise root.fail("axes", f"{len(tables)} axes; a scale-up domain has at most 16")
-    for t in tables:
-        axes.append(Axis(t.str("name", nonempty=True), t.int("size", maximum=B.MAX_AXIS_SIZE),
-                         t.choice("kind", DOMAIN_AXIS_KINDS), _scaled(t, "bandwidth_gbs", GB, B.LINK_GBS),
-                         _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(t),
-                         t.choice("collectives", COLLECTIVE_RUNTIMES, default="ring")))
-    names = [a.name for a in axes]
-    if len(set(names)) != len(names) or {"core"} & set(names):
-        raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
+    chip = _chip(root.table("chip"))
+    axes = _domain_axes(root)
     chips_per_domain = math.prod(a.size for a in axes)
-    if chips_per_domain > B.MAX_CHIPS_PER_DOMAIN:
-        raise root.fail("axes", f"the axes multiply to {chips_per_domain:,} chips per domain; "
-                        f"at most {B.MAX_CHIPS_PER_DOMAIN:,}")
-    per_instance = root.int("chips_per_instance", maximum=B.MAX_CHIPS_PER_DOMAIN)
-    if cores * chips_per_domain > B.MAX_CORES_PER_DOMAIN:
-        raise root.fail("axes", f"{chips_per_domain:,} chips of {cores} cores are {cores * chips_per_domain:,} "
-                        f"cores per domain; at most {B.MAX_CORES_PER_DOMAIN:,}")
-    if cores * per_instance > B.MAX_CORES_PER_INSTANCE:
-        raise root.fail("chips_per_instance", f"{per_instance} chips of {cores} cores are {cores * per_instance:,} "
-                        f"cores per instance; at most {B.MAX_CORES_PER_INSTANCE:,}")
-    if chips_per_domain % per_instance:
-        raise root.fail("chips_per_instance", f"{per_instance} does not divide the {chips_per_domain} chips "
-                        f"that the axes multiply to ({' x '.join(str(a.size) for a in axes)})")
-    if "chips_per_domain" in data and root.int("chips_per_domain") != chips_per_domain:
-        raise root.fail("chips_per_domain", f"{data['chips_per_domain']} but the axes multiply to {chips_per_domain}")
-    net = root.table("scale_out")
-    net_name = net.str("name", nonempty=True)
-    if net_name in names or net_name == "core":
-        raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
-    scale_out = Axis(net_name, 1, "scale_out",
-                     _scaled(net, "bandwidth_gbps_per_instance", GB / 8, B.SCALE_OUT_GBPS) / per_instance,
-                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(net),
-                     net.choice("collectives", COLLECTIVE_RUNTIMES, default="ring"))
-    if len({a.collectives for a in (*axes, scale_out)}) > 1:
-        raise net.fail("collectives", "every [[axes]] table and [scale_out] must name the same collectives runtime, got "
-                       f"{', '.join(f'{a.name}={a.collectives}' for a in (*axes, scale_out))}")
+    per_instance = _chips_per_instance(root, data, axes, chip.physical_cores)
+    scale_out = _scale_out(root.table("scale_out"), axes, per_instance)
     joined = root.int_list("domain_instances") if root.has("domain_instances") else ()
     per_domain = chips_per_domain // per_instance
     if joined and (per_domain not in joined or max(joined) > per_domain):
@@ -319,6 +271,10 @@ def parse_target(data: dict, source: str) -> Target:
                                                             B.MICROBATCH_OVERHEAD_US, positive=False),
                               collective_fixed_share=_share(eff, "collective_fixed_share"),
                               fitted_on=eff.str("fitted_on", nonempty=True),
+                              **({"overlap_compute": _share(eff, "overlap_compute")}
+                                 if eff.has("overlap_compute") else {}),
+                              **({"chip_matmul_fp8": _share(eff, "chip_matmul_fp8")}
+                                 if eff.has("chip_matmul_fp8") else {}),
                               **({"chip_matmul": _share(eff, "chip_matmul"),
                                   "chip_matmul_source": eff.str("chip_matmul_source", nonempty=True)}
                                  if eff.has("chip_matmul") else {})),
@@ -333,6 +289,81 @@ def parse_target(data: dict, source: str) -> Target:
         raise root.fail("calibration", "must be a table")
     root.check_unknown()
     return target
+
+
+def _chip(chip_t: Table) -> Chip:
+    """[chip]: the cores, the LNCs they allow, HBM, peak rates and SBUF."""
+    cores = chip_t.int("physical_cores", maximum=B.MAX_PHYSICAL_CORES)
+    lnc_allowed = chip_t.int_list("lnc_allowed")
+    for lnc in lnc_allowed:
+        if cores % lnc:
+            raise chip_t.fail("lnc_allowed", f"LNC={lnc} does not divide physical_cores={cores}")
+    lnc_default = chip_t.int("lnc_default")
+    if lnc_default not in lnc_allowed:
+        raise chip_t.fail("lnc_default", f"{lnc_default} is not in lnc_allowed {list(lnc_allowed)}")
+    return Chip(
+        name=chip_t.str("name", nonempty=True),
+        physical_cores=cores,
+        lnc_default=lnc_default,
+        lnc_allowed=lnc_allowed,
+        hbm_bytes=_scaled(chip_t, "hbm_gib", GIB, B.HBM_GIB),
+        hbm_bandwidth=_scaled(chip_t, "hbm_bandwidth_gbs", GB, B.HBM_BANDWIDTH_GBS),
+        bf16_flops=_scaled(chip_t, "bf16_tflops", 1e12, B.TFLOPS),
+        fp8_flops=_scaled(chip_t, "fp8_tflops", 1e12, B.TFLOPS),
+        sbuf_bytes_per_partition=chip_t.int("sbuf_kib_per_partition", maximum=B.MAX_SBUF_KIB) * 1024,
+        on_chip_bandwidth=_scaled(chip_t, "on_chip_bandwidth_gbs", GB, B.ON_CHIP_GBS),
+    )
+
+
+def _domain_axes(root: Table) -> tuple[Axis, ...]:
+    """[[axes]]: the scale-up domain's axes, uniquely named, at most 16."""
+    tables = root.tables("axes")
+    if len(tables) > 16:
+        raise root.fail("axes", f"{len(tables)} axes; a scale-up domain has at most 16")
+    axes = tuple(Axis(t.str("name", nonempty=True), t.int("size", maximum=B.MAX_AXIS_SIZE),
+                      t.choice("kind", DOMAIN_AXIS_KINDS), _scaled(t, "bandwidth_gbs", GB, B.LINK_GBS),
+                      _scaled(t, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(t),
+                      t.choice("collectives", COLLECTIVE_RUNTIMES, default="ring")) for t in tables)
+    names = [a.name for a in axes]
+    if len(set(names)) != len(names) or {"core"} & set(names):
+        raise root.fail("axes", f"axis names must be unique and not 'core', got {names}")
+    return axes
+
+
+def _chips_per_instance(root: Table, data: dict, axes: tuple[Axis, ...], cores: int) -> int:
+    """chips_per_instance, held against the domain the axes make and the core limits."""
+    chips_per_domain = math.prod(a.size for a in axes)
+    if chips_per_domain > B.MAX_CHIPS_PER_DOMAIN:
+        raise root.fail("axes", f"the axes multiply to {chips_per_domain:,} chips per domain; "
+                        f"at most {B.MAX_CHIPS_PER_DOMAIN:,}")
+    per_instance = root.int("chips_per_instance", maximum=B.MAX_CHIPS_PER_DOMAIN)
+    if cores * chips_per_domain > B.MAX_CORES_PER_DOMAIN:
+        raise root.fail("axes", f"{chips_per_domain:,} chips of {cores} cores are {cores * chips_per_domain:,} "
+                        f"cores per domain; at most {B.MAX_CORES_PER_DOMAIN:,}")
+    if cores * per_instance > B.MAX_CORES_PER_INSTANCE:
+        raise root.fail("chips_per_instance", f"{per_instance} chips of {cores} cores are {cores * per_instance:,} "
+                        f"cores per instance; at most {B.MAX_CORES_PER_INSTANCE:,}")
+    if chips_per_domain % per_instance:
+        raise root.fail("chips_per_instance", f"{per_instance} does not divide the {chips_per_domain} chips "
+                        f"that the axes multiply to ({' x '.join(str(a.size) for a in axes)})")
+    if "chips_per_domain" in data and root.int("chips_per_domain") != chips_per_domain:
+        raise root.fail("chips_per_domain", f"{data['chips_per_domain']} but the axes multiply to {chips_per_domain}")
+    return per_instance
+
+
+def _scale_out(net: Table, axes: tuple[Axis, ...], per_instance: int) -> Axis:
+    """[scale_out]: the network between domains, per chip, on the axes' collectives runtime."""
+    net_name = net.str("name", nonempty=True)
+    if net_name in {a.name for a in axes} or net_name == "core":
+        raise net.fail("name", f"{net_name!r} is already the name of a domain axis or of the core axis")
+    scale_out = Axis(net_name, 1, "scale_out",
+                     _scaled(net, "bandwidth_gbps_per_instance", GB / 8, B.SCALE_OUT_GBPS) / per_instance,
+                     _scaled(net, "latency_us", 1e-6, B.LATENCY_US, positive=False), _achievable(net),
+                     net.choice("collectives", COLLECTIVE_RUNTIMES, default="ring"))
+    if len({a.collectives for a in (*axes, scale_out)}) > 1:
+        raise net.fail("collectives", "every [[axes]] table and [scale_out] must name the same collectives runtime, got "
+                       f"{', '.join(f'{a.name}={a.collectives}' for a in (*axes, scale_out))}")
+    return scale_out
 
 
 def _achievable(table: Table) -> float:

@@ -3,7 +3,7 @@
 import pytest
 
 from trnopt.optimizer.cost import factors as f
-from trnopt.optimizer.cost import memory, steptime
+from trnopt.optimizer.cost import memory, steptime, terms
 from trnopt.optimizer.cost.memory import kv_replica_params, memory_per_chip
 from trnopt.optimizer.cost.steptime import step_terms, step_time
 from trnopt.optimizer.model.layout import Layout, default_placement
@@ -39,7 +39,7 @@ def fresh_step_terms():
 
 def without_replicas(monkeypatch):
     monkeypatch.setattr(memory, "kv_replica_params", lambda model, tp: 0)
-    monkeypatch.setattr(steptime, "kv_replica_params", lambda model, tp: 0)
+    monkeypatch.setattr(terms, "kv_replica_params", lambda model, tp: 0)
     clear_trees()
 
 

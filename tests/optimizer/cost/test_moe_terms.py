@@ -7,7 +7,8 @@ import pytest
 
 from trnopt.optimizer.cost import collectives as cc
 from trnopt.optimizer.cost.compute import Rank, gemm_seconds, layer_time
-from trnopt.optimizer.cost.steptime import moe_mlp_collectives, step_time, tp_collectives
+from trnopt.optimizer.cost.steptime import step_time
+from trnopt.optimizer.cost.terms import moe_mlp_collectives, tp_collectives
 from trnopt.optimizer.model.layout import Layout, default_placement
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model

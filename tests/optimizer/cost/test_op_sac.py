@@ -6,7 +6,8 @@ import pytest
 
 from trnopt.optimizer.cost.compute import Rank, gemm_seconds, layer_time
 from trnopt.optimizer.cost.memory import activation_bytes_per_layer, recompute_working_set
-from trnopt.optimizer.cost.steptime import backward_144ths, tp_collectives
+from trnopt.optimizer.cost.steptime import backward_144ths
+from trnopt.optimizer.cost.terms import tp_collectives
 from trnopt.optimizer.frameworks.profile import NXD, TORCHTITAN
 from trnopt.optimizer.model.layout import RECOMPUTE
 from trnopt.optimizer.model.target import load_target

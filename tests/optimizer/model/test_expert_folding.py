@@ -101,3 +101,14 @@ def test_a_folded_layout_file_reads_back(tmp_path):
     path.write_text(json.dumps({"problem": problem_dict("h800", "deepseek-v3", w, lay.domains), "layout": plain}))
     with pytest.raises(InputError, match="layout.ep"):
         read_layout(str(path))
+
+
+def test_describe_names_the_lnc_only_on_neuron_targets():
+    # LNC is a Neuron runtime setting: a GPU layout that printed "LNC=1" would name a knob it lacks
+    gpu = layout(64, tp=8, pp=1, dp=8, ep=1)
+    assert "LNC" not in gpu.describe(), gpu.describe()
+    trn = load_target("trn2")
+    axes = trn.axes(2, 1)
+    lay = Layout(tp=4, pp=1, dp=16, axes=axes, lnc=2, zero=1,
+                 placement=default_placement(axes, {"tp": 4, "cp": 1, "ep": 1, "dp": 16, "pp": 1}))
+    assert lay.describe().endswith("LNC=2)"), lay.describe()
