@@ -6,13 +6,18 @@ Per case:
   enumeration as it scores them (memory is checked at each; a point over memory counts).
 - enum CPU-s: ``bruteforce.enumerate_space``, what a competent engineer would write instead
   of a search: every degree tuple's points scored at once in NumPy by the project's own
-  PointBounder over the cost model's own trees, no pruning, no Layout object per point;
-  run in this process (its imports and tables warm from earlier cases, if anything in its
-  favour).
+  PointBounder over the cost model's own trees, no pruning, no Layout object per point.
 - search CPU-s: ``search.driver.solve`` with no runner-ups and no robust choice, the same
-  question (the fastest layout and its proof), in this process before the enumeration (so
-  the cost model's caches it warms serve the enumeration, not the search), CP-SAT's child
-  processes included.
+  question (the fastest layout and its proof), CP-SAT's child processes included; when no
+  layout fits, solve's explanation too (the least-memory layout and the fewest domains that
+  fit, by CP-SAT), whose share the status gives.
+- Both sides alike: each measurement runs in a child forked from this process after the
+  imports (OR-Tools' too) and the problem's construction, so each starts from the same cold
+  caches (the cost model's tables and the bounders' factor entries; when both ran in one
+  process, whichever ran second was served the tables the first had computed); the two
+  sides alternate, ``--repeats`` times each (default 3), and each side's minimum CPU-s is
+  reported (timeit's rule: the other runs are the same work plus the machine's other
+  load).
 - command CPU-s: the default ``trnopt solve`` in its own process, from after the command's
   imports to its exit (the answer, three runner-ups proven, the robust choice, the
   alternatives, and the second search for the answer with no overlap); "start-up" the
@@ -24,7 +29,8 @@ Per case:
 Goals: every case OPTIMAL within 5 CPU-seconds after start-up, and no slower than the
 enumeration. CPU-seconds, not wall time: these machines are shared.
 
-    python benchmarks/solver_scaling.py [--cases dense,moe,huge] [--match TEXT] [--no-enumeration] [--no-command]
+    python benchmarks/solver_scaling.py [--cases dense,moe,huge] [--match REGEX] [--repeats N] [--no-enumeration]
+                                        [--no-command]
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import argparse
 import json
 import math
 import os
+import pickle
+import re
 import resource
 import subprocess
 import sys
@@ -47,6 +55,7 @@ from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 from trnopt.optimizer.search.bruteforce import enumerate_space
 from trnopt.optimizer.search.driver import solve
+from trnopt.optimizer.search import cpsat, domains, solver  # noqa: F401  OR-Tools, imported before any child forks
 
 # (group, model, target, UltraServers)
 CASES = [
@@ -117,22 +126,73 @@ def problem_of(model: str, target_name: str, domains: int) -> Problem:
 
 
 def search(problem: Problem) -> dict:
-    """The search alone in this process (``driver.solve``, no runner-ups, no robust choice): status and CPU-s."""
+    """The search alone in this process (``driver.solve``, no runner-ups, no robust choice): status
+    and CPU-s. When no layout fits, the status says how much of the CPU-s went to the explanation
+    (domains.explain_infeasible: the least-memory layout and the fewest domains that fit, by CP-SAT),
+    which the enumeration does not give."""
+    explain, spent = domains.explain_infeasible, []
+
+    def timed(*args, **kwargs):
+        begun = cpu()
+        text = explain(*args, **kwargs)
+        spent.append(cpu() - begun)
+        return text
+
+    domains.explain_infeasible = timed  # solve imports it on use, from the module
     begun = cpu()
     try:
         found = solve(problem, LIMIT_S, top=0, uncertainty=0.0)
     except InfeasibleError:
-        return {"cpu": cpu() - begun, "status": "INFEASIBLE", "step": math.inf}
+        return {"cpu": cpu() - begun, "status": f"INFEASIBLE ({sum(spent):.2f} explaining)", "step": math.inf}
+    finally:
+        domains.explain_infeasible = explain
     seconds = cpu() - begun
     status = found.status if found.status == "OPTIMAL" else f"{found.status} gap {100 * found.gap:.1f}% ({found.stopped})"
     return {"cpu": seconds, "status": status, "step": found.best.step.total,
             "layout": found.best.layout.describe()}
 
 
-def enumeration(problem: Problem) -> tuple[int, float, float]:
-    """(points, CPU-s, best step time) of the vectorised enumeration of ``problem``'s space."""
+def enumeration(problem: Problem) -> dict:
+    """The vectorised enumeration of ``problem``'s space: points, CPU-s and best step time."""
+    begun = cpu()
     found = enumerate_space(problem)
-    return found.points, found.cpu_seconds, found.best.step.total if found.best else math.inf
+    return {"cpu": cpu() - begun, "points": found.points, "step": found.best.step.total if found.best else math.inf}
+
+
+def forked(run, problem: Problem) -> dict:
+    """``run(problem)`` in a child forked from this process: every measurement starts from this
+    process's caches, whatever ran before it (the child's CPU counters start at 0)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, send the result, exit without the parent's clean-up
+        os.close(read)
+        try:
+            payload = pickle.dumps(run(problem))
+        except BaseException as error:  # noqa: BLE001  reported by the parent
+            payload = pickle.dumps({"error": repr(error)})
+        with os.fdopen(write, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as source:
+        data = source.read()
+    os.waitpid(pid, 0)
+    found = pickle.loads(data)
+    if "error" in found:
+        raise RuntimeError(f"{run.__name__}: {found['error']}")
+    return found
+
+
+def measure(problem: Problem, repeats: int, enumerate_too: bool) -> tuple[dict, dict | None]:
+    """The search and the enumeration, alternating (which goes first alternates too), ``repeats``
+    times each; each side's run of least CPU-s."""
+    sides = {"search": [], "enumeration": []}
+    for i in range(repeats):
+        order = [search, enumeration] if enumerate_too else [search]
+        for run in order if i % 2 == 0 else order[::-1]:
+            sides[run.__name__].append(forked(run, problem))
+    least = {name: min(runs, key=lambda r: r["cpu"]) if runs else None for name, runs in sides.items()}
+    return least["search"], least["enumeration"]
 
 
 def cpu() -> float:
@@ -144,26 +204,30 @@ def cpu() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="dense,moe,huge", help="groups to run: dense, moe, huge")
-    ap.add_argument("--match", default="", help="only the cases whose name contains this")
+    ap.add_argument("--match", default="", help="only the cases whose name matches this regular expression")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each side, alternating; the least CPU-s is reported")
     ap.add_argument("--no-enumeration", action="store_true", help="time the solves only")
     ap.add_argument("--no-command", action="store_true", help="skip the default command (runner-ups, robust choice)")
     args = ap.parse_args()
     groups = set(args.cases.split(","))
     print(environment())
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; each side run {args.repeats} times, "
+          "alternating, in a child forked after the imports; the least CPU-s of each")
     print(f"{'case':30s} {'points':>11s} {'enum CPU-s':>10s} {'search CPU-s':>12s} {'ratio':>7s} {'agree':>5s} "
           f"{'status':>10s} {'command CPU-s':>13s} {'start-up':>8s}  layout")
     for group, model, target, domains in CASES:
         name = f"{model} {target} x{domains}"
-        if group not in groups or args.match not in name:
+        if group not in groups or not re.search(args.match, name):
             continue
         command = {"cpu": math.nan, "startup": math.nan} if args.no_command else run_solve(model, target, domains)
         problem = problem_of(model, target, domains)
-        found = search(problem)
-        points, enum_s, enum_step = (0, math.nan, math.nan) if args.no_enumeration else enumeration(problem)
+        found, enumerated = measure(problem, args.repeats, not args.no_enumeration)
+        points, enum_s, enum_step = (0, math.nan, math.nan) if enumerated is None else \
+            (enumerated["points"], enumerated["cpu"], enumerated["step"])
         if math.isnan(enum_step):
             agree = "n/a"
         elif math.isinf(enum_step):  # no layout fits: the search must prove it
-            agree = "yes" if found["status"] == "INFEASIBLE" else "NO"
+            agree = "yes" if found["status"].startswith("INFEASIBLE") else "NO"
         else:
             agree = "yes" if abs(found["step"] - enum_step) <= 1e-9 * enum_step else "NO"
         print(f"{name:30s} {points:11,d} {enum_s:10.2f} {found['cpu']:12.2f} {enum_s / found['cpu']:6.1f}x "

@@ -31,4 +31,6 @@ SEARCH_NODES = 200_000         # branches and placements the branch and bound ta
 SEARCH_POINTS = 400_000_000    # points the branch and bound scores in NumPy
 FITS_DETERMINISTIC_S = 10.0    # deterministic seconds to decide whether some layout fits a domain count
 MEMORY_DETERMINISTIC_S = 10.0  # deterministic seconds for the least memory per chip of one LNC's space
+STAGE_SPLIT_DETERMINISTIC_S = 5.0  # deterministic seconds to find and prove one layout's best uneven split
+STAGE_SPLIT_TIME_LIMIT_S = 30.0    # its wall-clock safety stop (reported when it binds)
 MOE_ROUTING_IMBALANCE = 1.0  # tokens of the busiest expert / the mean, for dropless routing: balanced (see Moe)

@@ -71,30 +71,23 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return top
 
 
+# each user-facing error: its prefix on the one stderr line and the exit code the module docstring lists
+EXITS = ((InputError, "error", 2), (DoesNotFitError, "does not fit", 1),
+         (InfeasibleError, "infeasible", 3), (TimeLimitError, "time limit", 4))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser(argv).parse_args(argv)
     try:
         return args.run(args)
-    except InputError as exc:
+    except (InputError, DoesNotFitError, InfeasibleError, TimeLimitError) as exc:
         if args.debug:
             raise
-        print(f"trnopt: error: {exc}", file=sys.stderr)
-        return 2
-    except DoesNotFitError as exc:
-        if args.debug:
-            raise
-        print(f"trnopt: does not fit: {one_line(exc)}", file=sys.stderr)
-        return 1
-    except InfeasibleError as exc:
-        if args.debug:
-            raise
-        print(f"trnopt: infeasible: {one_line(exc)}", file=sys.stderr)
-        return 3
-    except TimeLimitError as exc:
-        if args.debug:
-            raise
-        print(f"trnopt: time limit: {one_line(exc)}", file=sys.stderr)
-        return 4
+        prefix, code = next((p, c) for kind, p, c in EXITS if isinstance(exc, kind))
+        # an InputError's text is already one line naming the file and key
+        text = str(exc) if isinstance(exc, InputError) else one_line(exc)
+        print(f"trnopt: {prefix}: {text}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) left: stop quietly

@@ -10,6 +10,7 @@ import argparse
 import math
 import re
 import sys
+from dataclasses import replace
 
 from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_rank_map_arg, check_int, check_output_args,
                                             check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
@@ -17,6 +18,7 @@ from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_ran
 from trnopt.optimizer.commands.output import to_stdout, write_output
 from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines, with_overlap_source
 from trnopt.optimizer.cost.problem import Problem
+from trnopt.optimizer.cost.stages import split_problem
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model import bounds
 from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_placement, parse_placement
@@ -52,13 +54,16 @@ def register(sub) -> None:
     p.add_argument("--lnc", type=ascii_int, help="logical NeuronCore config (default: the target's)")
     p.add_argument("--placement", help='each dimension\'s factors on named axes, e.g. "tp=core4,x4,y4;pp=ring4;dp=efa2" '
                    "(default: TP on the fastest axes, then cp, ep, dp, pp)")
+    p.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each pipeline stage, first to last (pp of them, at least one each, adding up to "
+                        "the model's layers): score this uneven split instead of the even one")
     add_rank_map_arg(p)
     p.set_defaults(run=run)
 
 
 FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "ep": "--ep", "cp": "--cp", "zero": "--zero",
          "recompute": "--recompute", "micro_batch": "--micro-batch", "interleave": "--interleave",
-         "schedule": "--schedule",
+         "schedule": "--schedule", "stage_layers": "--stage-layers",
          "degrees": "--tp/--pp/--dp/--cp"}
 
 
@@ -139,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         key, rule = problems[0]
         raise InputError(source or FLAGS[key], key, rule)
+    if args.stage_layers is not None:
+        layout = with_stage_layers(args.stage_layers, workload, layout)
     check_runs(layout, workload, args.framework, "--framework")
     check_rank_map_size(args, layout.ranks)
     problem = Problem(workload, target, domains, args.headroom)
@@ -162,6 +169,17 @@ def run(args: argparse.Namespace) -> int:
               f"{e.usable_bytes / GIB:.1f} usable", file=sys.stderr)
         return 1
     return 0
+
+
+def with_stage_layers(text: str, workload, layout: Layout) -> Layout:
+    """--stage-layers: the layout with that uneven split, or bad input naming the rule it breaks."""
+    if len(text) > 4096 or not re.fullmatch(r"\s*\d{1,6}\s*(,\s*\d{1,6}\s*)*", text):
+        raise InputError("--stage-layers", "stage_layers", f"must be whole numbers separated by commas, e.g. 7,9,9,7; "
+                         f"got {text[:60]!r}")
+    split = tuple(int(v) for v in text.split(","))
+    if why := split_problem(workload, layout, split):
+        raise InputError("--stage-layers", "stage_layers", why)
+    return replace(layout, stage_layers=split)
 
 
 def _scale_out_factors(text: str, axis: str) -> list[str]:

@@ -13,6 +13,7 @@ from trnopt.optimizer.model.target import GIB, Target
 
 STEP_TERMS = (("compute", "compute"), ("tp", "TP communication (exposed)"), ("cp", "CP communication"),
               ("ep", "EP all-to-all"), ("pp_send", "pipeline sends"), ("pp_bubble", "pipeline bubble"),
+              ("stage_split", "uneven stages (vs even)"),
               ("dp", "DP gradients (exposed)"), ("zero3", "ZeRO-3 gathers and scatters (exposed)"),
               ("optimizer", "optimizer step"))
 
@@ -82,7 +83,8 @@ def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
            "",
            f"memory per chip: {mem.total / GIB:.1f} GiB of {e.usable_bytes / GIB:.1f} usable "
            f"({target.chip.hbm_bytes / GIB:.0f} GiB HBM) - {'fits' if e.fits else 'DOES NOT FIT'}, "
-           f"{(e.usable_bytes - mem.total) / GIB:.1f} GiB headroom left"]
+           f"{(e.usable_bytes - mem.total) / GIB:.1f} GiB headroom left"
+           + (" (the fullest pipeline stage)" if lay.stage_layers else "")]
     for name, gib in mem.gib().items():
         out.append(f"  {name.replace('_', ' '):22s} {gib:8.2f} GiB")
     out += ["", f"step time: {step.total:.3f} s", *constants_lines(target)]
@@ -90,6 +92,10 @@ def evaluation_lines(e: Evaluation, target: Target) -> list[str]:
         value = getattr(step, key)
         if value:
             out.append(f"  {label:28s} {value:9.4f} s  {100 * value / step.total:5.1f}%")
+    if lay.stage_layers:
+        even = step.total - step.stage_split
+        out.append(f"  layers per stage {','.join(map(str, lay.stage_layers))} (first to last): {step.total:.3f} s "
+                   f"against {even:.3f} s with the even split ({100 * (even - step.total) / even:.1f}% faster)")
     if step.tp_raw:
         out.append(f"  TP communication raw {step.tp_raw:.4f} s, after overlap {step.tp:.4f} s "
                    f"({100 * (1 - step.tp / step.tp_raw):.0f}% hidden by the overlap kernels)")
@@ -171,6 +177,12 @@ def solve_text(result: SearchResult, no_overlap: NoOverlapAnswer | None = None) 
     out += [f"solver: {status} in {result.seconds:.2f} s over {result.space_size:,} points (CP-SAT; "
             f"the search {result.search_seconds:.2f} s, the robust choice and the alternatives the rest)", ""]
     out += with_overlap_source(evaluation_lines(e, p.target), e, p)
+    if result.uneven_stages:
+        out.append(f"uneven stages: {result.uneven_stages['note']}")
+        for r in result.uneven_stages.get("runners_up", ()):
+            out.append(f"  runner-up {r['layout']}: layers {','.join(map(str, r['layers']))}, {r['step_s']:.3f} s "
+                       f"against {r['even_step_s']:.3f} s even" + (" - faster than the answer: evaluate it with "
+                                                                   "--stage-layers" if r["beats_answer"] else ""))
     if no_overlap is not None:
         out.append(no_overlap_line(no_overlap))
     out += uncertainty_lines(result)
@@ -250,4 +262,5 @@ def solve_dict(result: SearchResult, problem_info: dict, no_overlap: NoOverlapAn
         "alternatives": [{"name": a.name, "verdict": a.verdict, **evaluation_dict(a.evaluation)}
                          for a in result.alternatives],
         **({"no_overlap": no_overlap_dict(no_overlap)} if no_overlap is not None else {}),
+        **({"uneven_stages": result.uneven_stages} if result.uneven_stages else {}),
     }

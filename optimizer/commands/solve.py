@@ -28,6 +28,7 @@ from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_do
 from trnopt.optimizer.search.clock import clock
 from trnopt.optimizer.search.driver import solve
 from trnopt.optimizer.search.partial import on_candidate, solve_partial
+from trnopt.optimizer.search.stagesplit import split_layout, split_runners_up
 
 
 def register(sub) -> None:
@@ -51,6 +52,10 @@ def register(sub) -> None:
                         f"faster links and more headroom (default {defaults.UNCERTAINTY:g}; 0 keeps the fastest)")
     p.add_argument("--top", type=ascii_int, default=defaults.TOP,
                    help=f"runner-up layouts to show (default {defaults.TOP})")
+    p.add_argument("--uneven-stages", action="store_true",
+                   help="give the chosen layout's pipeline stages the layer counts that minimise its step (CP-SAT, "
+                        "proven against every split): lighter stages where the embedding, the output layer or the "
+                        "activations in flight weigh (default: even stages)")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, torchtitan (job config TOML and overrides), nxd (NxD Training "
                         "YAML keys) or env (launch environment lines)")
@@ -70,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     domains = domains_from_args(target, args)
     lnc = lnc_from_args(target, args)
     framework = framework_from_args(args)
+    if args.uneven_stages and framework.name == "nxd":
+        raise InputError("--uneven-stages", "uneven_stages", "nxd: NxD Training's config has no per-stage layer "
+                         "counts (NxDPPModel takes pipeline_cuts only in Python, neuronx_distributed/pipeline/"
+                         "model.py); use --framework torchtitan, whose module_fqns_per_model_part takes them")
     problem = Problem(workload, target, domains or 1, args.headroom, objective=args.objective,
                       lnc=(lnc,) if lnc else None, zero_stages=framework_zero_stages(args, framework),
                       recompute=framework.recompute, interleave=framework.interleaved, hsdp=framework.hsdp,
@@ -124,6 +133,10 @@ def run_partial(args: argparse.Namespace, problem: Problem, framework: Framework
 
 def answer(args: argparse.Namespace, result, framework: FrameworkProfile) -> int:
     """The report, the files and the exports of a search's result (on the machine it searched)."""
+    if args.uneven_stages:
+        result.best, result.uneven_stages = split_layout(result.problem, result.best)
+        if runners := split_runners_up(result.problem, result.best, result.runners_up):
+            result.uneven_stages["runners_up"] = runners
     problem, target, workload = result.problem, result.problem.target, result.problem.workload
     no_overlap = no_overlap_answer(problem, result, args)
     info = {**problem_dict(args.target, args.model, workload, problem.domains, framework.name), **partial_dict(target)}

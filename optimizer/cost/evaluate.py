@@ -7,7 +7,7 @@ brute-force enumerator and the check of the solver's answer all call it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trnopt.optimizer import defaults
 from trnopt.optimizer.cost import factors as f
@@ -64,11 +64,19 @@ def checkpoint_bytes(workload: Workload) -> float:
 
 def evaluate(workload: Workload, layout: Layout, target: Target, headroom: float = defaults.HEADROOM,
              overlap: Mapping[str, float] | None = None) -> Evaluation:
-    """Memory, step time, tokens/s, MFU and reliability of one layout."""
-    step = step_time(workload, layout, target, overlap)
+    """Memory, step time, tokens/s, MFU and reliability of one layout (an uneven split's: its step
+    and its fullest stage's memory, cost/stages.py)."""
+    if layout.stage_layers:
+        from trnopt.optimizer.cost.stages import split_memory, stage_costs
+        costs = stage_costs(workload, replace(layout, stage_layers=()), target, headroom, overlap)
+        step = replace(step_time(workload, layout, target, overlap),
+                       stage_split=costs.step(layout.stage_layers) - costs.even_step)
+        memory = split_memory(costs, layout.stage_layers)
+    else:
+        step, memory = step_time(workload, layout, target, overlap), memory_per_chip(workload, layout, target)
     tokens_per_s = workload.training.tokens / step.total
     mfu = model_flops(workload) / (step.total * layout.ranks * peak_flops_per_rank(target, layout.lnc))
-    return Evaluation(layout, memory_per_chip(workload, layout, target), usable_hbm(target, headroom), step,
+    return Evaluation(layout, memory, usable_hbm(target, headroom), step,
                       tokens_per_s, mfu, reliability(target, layout.chips, checkpoint_bytes(workload),
                                                      checkpoint_writer_chips(layout)))
 

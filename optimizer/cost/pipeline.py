@@ -9,7 +9,8 @@ fraction of W, written ``num / (den * m)`` so that the search's integer form sta
 The zero-bubble and DualPipe figures assume what their papers' tables assume: a forward,
 a backward for inputs and a backward for weights take the same time (T_F = T_B = T_W, so the
 full backward is 2 T_F and W = 3 T_F per micro-batch and stage), and no credit for DualPipe's
-overlap of a forward with a backward chunk (F&B = F + B: trnopt models no such overlap).
+overlap of a forward with a backward chunk's compute (F&B = F + B); what DualPipe does overlap,
+its all-to-all and sends with the other chunk's compute, is ``dualpipe_overlap``.
 
 - GPipe (Huang et al. 2019; Narayanan et al. 2021, "Efficient Large-Scale Language Model
   Training on GPU Clusters", sec. 2.2.1): bubble (p - 1) / m; every forward before any
@@ -36,6 +37,7 @@ overlap of a forward with a backward chunk (F&B = F + B: trnopt models no such o
 
 from __future__ import annotations
 
+from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.model.schedules import SCHEDULES, default_schedule
 
 INTERLEAVED = ("Interleaved1F1B", "InterleavedZeroBubble")
@@ -72,3 +74,16 @@ def interleave_factor(schedule: str, pp: int, interleave: int) -> tuple[int, int
     if schedule in INTERLEAVED and interleave > 1:
         return pp * interleave + pp - 1, pp * interleave
     return 1, 1
+
+
+def dualpipe_overlap(compute: f.Expr, ep: f.Expr, pp_send: f.Expr, left: float) -> tuple[f.Expr, f.Expr, f.Expr]:
+    """(compute, exposed EP, exposed pipeline sends) under DualPipe(V): a forward chunk's dispatch and
+    combine all-to-all and its pipeline sends run while the paired backward chunk computes and vice
+    versa (DeepSeek-V3 report sec. 3.2.1: "both all-to-all and PP communication can be fully
+    hidden"), compute at the share ``left`` of its rate the communication kernels leave
+    (``Efficiency.overlap_compute``; H800: 112 of 132 SMs, sec. 3.2.2): compute' = compute / left,
+    exposed EP = max(EP - compute', 0), exposed sends = max(EP + sends - compute', 0) - exposed EP."""
+    slowed = f.prod(compute, coef=1 / left, name="compute")
+    exposed_ep = f.maximum(f.sub(ep, slowed), f.prod(ep, coef=0.0), name="ep")
+    both = f.maximum(f.sub(f.add(ep, pp_send), slowed), f.prod(ep, coef=0.0))
+    return slowed, exposed_ep, f.sub(both, exposed_ep, name="pp_send")

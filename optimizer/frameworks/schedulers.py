@@ -49,6 +49,12 @@ def files(launch: Launch) -> dict[str, str]:
 def check_k8s(launch: Launch, pod_files: dict[str, str]) -> None:
     """InputError when the JobSet (one replicated job per node) or the ConfigMap of the files its
     pods read (``pod_files`` without run-node.sh) would exceed what Kubernetes stores in one object."""
+    if launch.target.remaining is not None:
+        # the pods' node-id selectors and labels are written in the plan's own numbering, not the whole
+        # UltraServer's node ids the cluster labels carry: a JobSet would land pods on the wrong nodes
+        raise InputError("--scheduler", "scheduler", "k8s: a plan on a partial machine (--exclude "
+                         f"{','.join(launch.target.remaining.excluded)}) is not written for Kubernetes yet; "
+                         "use --scheduler torchrun or slurm, whose node-rank.sh maps the whole machine's node ids")
     name = _name(launch)
     one = len("\n".join(_replicated_job(launch, name, 0, 0, 0, f"{name}-node-0-0-0.{name}"))) + 1
     if one * launch.nodes > OBJECT_LIMIT:

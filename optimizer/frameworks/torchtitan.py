@@ -83,6 +83,18 @@ def layers_per_stage(layers: int, stages: int, first_less: int = 1, last_less: i
     return None
 
 
+def module_fqns(stage_layers: tuple[int, ...]) -> list[list[str]]:
+    """torchtitan 0.2.2's ``parallelism.module_fqns_per_model_part`` of an uneven split: the modules of
+    each stage, the embedding on the first and the final norm and output on the last (torchtitan/config/
+    job_config.py; the names of torchtitan/distributed/pipeline_parallel.py ``generate_llm_fqn_per_model_part``)."""
+    out, start, last = [], 0, len(stage_layers) - 1
+    for s, n in enumerate(stage_layers):
+        out.append((["tok_embeddings"] if s == 0 else []) + [f"layers.{i}" for i in range(start, start + n)]
+                   + (["norm", "output"] if s == last else []))
+        start += n
+    return out
+
+
 def check_fsdp(fsdp: str) -> None:
     if fsdp not in FSDP_MODES:
         raise ValueError(f"fsdp must be one of {FSDP_MODES}, got {fsdp!r}")
@@ -116,6 +128,9 @@ def job_config(workload: Workload, target: Target, layout: Layout,
         if per is not None:
             par["pipeline_parallel_layers_per_stage"] = (per, f"{lay.pp * lay.interleave} virtual stages = "
                                                          f"{lay.interleave} per PP rank")
+    if lay.stage_layers:
+        par["module_fqns_per_model_part"] = (module_fqns(lay.stage_layers), "uneven stages, layers "
+                                             f"{','.join(map(str, lay.stage_layers))} (first to last)")
     par["context_parallel_degree"] = (lay.cp, f"CP {lay.cp} [{_span(lay, 'cp')}]" if lay.cp > 1 else "no CP")
     if workload.model.moe is not None or lay.ep > 1:
         if lay.ep_fold > 1:  # parallel_dims.py: with etp 1, EP borrows all of tp and part of dp_shard
@@ -173,6 +188,8 @@ def _span(lay: Layout, dim: str) -> str:
 
 
 def _toml_value(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -233,17 +250,26 @@ def job_toml(workload: Workload, target: Target, layout: Layout, e: Evaluation |
 
 def override(section: str, key: str, value: object) -> str:
     """One setting as torchtitan's CLI takes it: ``--section.key=value``; a boolean is a flag,
-    ``--section.key`` or ``--section.no-key`` (tyro's boolean flags)."""
+    ``--section.key`` or ``--section.no-key`` (tyro's boolean flags); a list of lists (the stages'
+    modules) the key, then one argument a stage, its names joined by commas (as tyro reads
+    ``list[list[str]]``: checked with torchtitan 0.2.2's ConfigManager)."""
+    return " ".join(override_args(section, key, value))
+
+
+def override_args(section: str, key: str, value: object) -> list[str]:
+    """``override``'s command-line arguments, one a list element (one for every value but a list of lists)."""
+    if isinstance(value, list):
+        return [f"--{section}.{key}", *(",".join(chunk) for chunk in value)]
     if isinstance(value, bool):
-        return f"--{section}.{key}" if value else f"--{section}.no-{key.replace('_', '-')}"
-    return f"--{section}.{key}={value}"
+        return [f"--{section}.{key}" if value else f"--{section}.no-{key.replace('_', '-')}"]
+    return [f"--{section}.{key}={value}"]
 
 
 def overrides(workload: Workload, target: Target, layout: Layout, fsdp: str = defaults.TORCHTITAN_FSDP) -> list[str]:
     """The same settings as torchtitan command-line overrides (every key but the free-text job.description)."""
-    return [override(section, key, value)
-            for section, keys in job_config(workload, target, layout, fsdp).items()
-            for key, (value, _) in keys.items() if (section, key) != ("job", "description")]
+    return [arg for section, keys in job_config(workload, target, layout, fsdp).items()
+            for key, (value, _) in keys.items() if (section, key) != ("job", "description")
+            for arg in override_args(section, key, value)]
 
 
 def render(workload: Workload, target: Target, e: Evaluation,

@@ -63,6 +63,9 @@ def problem(workload: Workload, layout: Layout) -> str | None:
         return (f"torchtitan {VERSION}'s expert parallelism borrows ranks from TP (efsdp = dp_shard x cp x tp / ep) "
                 f"and has no expert-TP degree, so EP {layout.ep} with experts TP{layout.tp}-sharded is not a "
                 f"{VERSION} mesh; use the 0.2.x job.toml")
+    if layout.stage_layers:
+        return (f"uneven pipeline stages are written only to the 0.2.x job.toml (module_fqns_per_model_part, checked "
+                f"with torchtitan 0.2.2); this {VERSION} module would run even stages: use the 0.2.x job.toml")
     if layout.recompute not in AC:
         return f"torchtitan {VERSION} has no layer-frequency checkpointing ({layout.recompute}); use the 0.2.x job.toml"
     return None

@@ -88,6 +88,9 @@ class Layout:
     """Expert TP: the ranks one routed expert's FFN is split over; None: tp (Megatron-Core's
     default expert_tensor_parallel_size). 1 with tp > 1 folds the EP group over the TP ranks
     (module docstring): ep must then be a multiple of tp."""
+    stage_layers: tuple[int, ...] = ()
+    """Layers of each pipeline stage, first to last, when the split is uneven (cost/stages.py); ()
+    for the even split, ceil(layers / pp) on the busiest stage."""
 
     def __post_init__(self):
         def bad(key: str, rule: str):
@@ -125,6 +128,10 @@ class Layout:
             bad("interleave", "interleaved stages need pp > 1")
         if why := schedule_problem(self.pipeline_schedule, self.interleave):
             bad("schedule", why)
+        if self.stage_layers and (len(self.stage_layers) != self.pp or self.interleave != 1
+                                  or min(self.stage_layers) < 1):
+            bad("stage_layers", f"needs pp={self.pp} stages of at least one layer, one stage a rank (interleave 1), "
+                f"got {','.join(map(str, self.stage_layers))}")
         ranks = math.prod(a.size for a in self.axes)
         product = self.tp * self.cp * self.dp * self.pp
         if product != ranks:
@@ -252,7 +259,12 @@ class Layout:
             plan += f", {self.interleave} interleaved stages"
         if self.pp > 1 and self.schedule:
             plan += f", {self.schedule} schedule"
-        return f"{' x '.join(parts)} ({plan}, LNC={self.lnc})"
+        if self.stage_layers:
+            plan += f", layers per stage {','.join(map(str, self.stage_layers))}"
+        # LNC is a Neuron runtime setting (NEURON_LOGICAL_NC_CONFIG); a GPU has no such knob
+        if self.axes[0].collectives == "neuron":
+            plan += f", LNC={self.lnc}"
+        return f"{' x '.join(parts)} ({plan})"
 
     def placement_text(self) -> str:
         rows = []
@@ -289,6 +301,12 @@ class Layout:
                         f"{t.global_batch}"))
         elif self.interleave > 1 and self.micro_batches(workload) % self.pp:
             out.append(("interleave", "interleaved 1F1B needs the micro-batch count to be a multiple of pp"))
+        if self.stage_layers and sum(self.stage_layers) != m.layers:
+            out.append(("stage_layers", f"the layers per stage add up to {sum(self.stage_layers)}, {m.name} has "
+                        f"{m.layers}"))
+        elif self.stage_layers and m.moe is not None and m.moe.dense_layers:
+            out.append(("stage_layers", f"{m.name} mixes dense and MoE layers; uneven stages are modelled for "
+                        "models whose layers are all alike"))
         n, stage = every_nth(self.recompute), math.ceil(m.layers / self.pp)
         if n and stage % n:
             out.append(("recompute", f"recompute {self.recompute} needs {n} to divide the {stage} layers of a "

@@ -26,6 +26,7 @@ def layout_dict(layout: Layout) -> dict:
         "interleave": layout.interleave, "schedule": layout.pipeline_schedule, "lnc": layout.lnc,
         "dp_replicate": layout.dp_replicate,
         **({"etp": layout.etp} if layout.etp is not None else {}),
+        **({"stage_layers": list(layout.stage_layers)} if layout.stage_layers else {}),
         "placement": {d: {a.name: f for a, f in zip(layout.axes, row) if f > 1}
                       for d, row in zip(DIMS, layout.placement)},
     }
@@ -112,6 +113,13 @@ def read_layout(path: str) -> tuple[Target, Workload, Layout]:
     # files written before the schedule was recorded ran the frameworks' default (1F1B, or
     # Interleaved1F1B with interleaved stages: torchtitan's and NxD's)
     kwargs["schedule"] = lay.choice("schedule", SCHEDULES, default_schedule(kwargs["interleave"]))
+    if lay.has("stage_layers"):  # an uneven pipeline split (cost/stages.py): whole numbers, one a stage
+        split = lay._get("stage_layers", [])
+        if (not isinstance(split, list) or not split
+                or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LAYERS for v in split)):
+            raise lay.fail("stage_layers", f"must be a list of whole numbers from 1 to {MAX_LAYERS}, one a pipeline "
+                           "stage")
+        kwargs["stage_layers"] = tuple(split)
     problem.check_unknown()
     lay.check_unknown()
     try:

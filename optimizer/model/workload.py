@@ -197,6 +197,9 @@ class Training:
     default): norms, dropouts and residuals run on s/tp tokens per rank and their activations are
     sharded. Off, every TP rank runs them on all s tokens and keeps them whole; the TP collectives
     become all-reduces of the same bytes."""
+    fp8_gemms: bool = False
+    """The linear layers' GEMMs (forward, input and weight gradients) run in FP8 at the chip's
+    achievable FP8 rate (DeepSeek-V3 report sec. 3.3); attention and the LM head stay BF16."""
 
     def __post_init__(self):
         for name, top in (("seq", B.MAX_SEQ), ("global_batch", B.MAX_GLOBAL_BATCH)):

@@ -129,7 +129,11 @@ class PointBounder:
     value each (``index``: per decision, the position of each point's value in ``lists``) and
     leaves the others to range over ``ranged``. A factor becomes a table over its fixed
     decisions' values, of its least and greatest entry over the ranged ones; the operations
-    apply elementwise. Factor entries are kept across calls (the functions are pure)."""
+    apply elementwise. Factor entries are kept across calls (the functions are pure).
+
+    Where a point fixes every decision of a factor, its least and greatest entries are one
+    number: the interval is then returned as one array twice (``lo is hi``), and each operation
+    on two such intervals computes it once, the same numbers at half the NumPy work."""
 
     def __init__(self, entries: FactorEntries | None = None):
         self._tables: dict[tuple, tuple] = {}
@@ -152,7 +156,7 @@ class PointBounder:
         if isinstance(expr, f.Const):
             out = (expr.number, expr.number)
         elif isinstance(expr, f.Factor):
-            out = self._factor(expr, *sets)
+            out = self._factor(expr, *sets, memo)
         elif isinstance(expr, f.Prod):
             out = (expr.coef, expr.coef)
             for item in expr.items:
@@ -161,23 +165,26 @@ class PointBounder:
             lo = hi = 0.0
             for sign, item in zip(expr.signs, expr.items):
                 a, b = self._node(item, sets, memo)
-                lo, hi = (lo + a, hi + b) if sign > 0 else (lo - b, hi - a)
+                if lo is hi and a is b:  # one number each: computed once
+                    lo = hi = lo + a if sign > 0 else lo - a
+                else:
+                    lo, hi = (lo + a, hi + b) if sign > 0 else (lo - b, hi - a)
             out = (lo, hi)
         elif isinstance(expr, f.Ratio):
             a, b = self._node(expr.num, sets, memo)
             c, d = self._node(expr.den, sets, memo)
             assert np.all(np.asarray(c) > 0), f"{expr.name}: expected a positive denominator"
-            out = _times_array((a, b), (1 / d, 1 / c))
+            out = _times_array((a, b), _once((d, c), lambda v: 1 / v))
         elif isinstance(expr, f.Extremum):
             (a, b), (c, d) = (self._node(x, sets, memo) for x in (expr.a, expr.b))
             pick = np.maximum if expr.largest else np.minimum
-            out = (pick(a, c), pick(b, d))
+            out = (pick(a, c),) * 2 if a is b and c is d else (pick(a, c), pick(b, d))
         else:
             raise TypeError(f"no interval form for {type(expr).__name__}")
         memo[key] = out
         return out
 
-    def _factor(self, factor: f.Factor, lists, ranged, index, tags) -> tuple:
+    def _factor(self, factor: f.Factor, lists, ranged, index, tags, memo) -> tuple:
         fixed = [k for k in factor.keys if k in index]
         key = (id(factor), tuple(tags[k] for k in factor.keys), tuple(fixed))
         table = self._tables.get(key)
@@ -190,16 +197,26 @@ class PointBounder:
                 entries = [self.entries(factor, args) for args in itertools.product(*values)]
                 lo.append(min(entries))
                 hi.append(max(entries))
-            table = self._tables[key] = (np.asarray(lo), np.asarray(hi))
+            table = self._tables[key] = (np.asarray(lo), np.asarray(hi), lo == hi)
         if not fixed:
-            return float(table[0][0]), float(table[1][0])
-        flat = index[fixed[0]]
-        for k in fixed[1:]:  # mixed radix, last key fastest (itertools.product order)
-            flat = flat * len(lists[k]) + index[k]
-        return table[0][flat], table[1][flat]
+            return _once((table[0], table[1]) if not table[2] else (table[0],) * 2, lambda t: float(t[0]))
+        flat = memo.get(tuple(fixed))  # each point's row of the table, shared by the factors of the same decisions
+        if flat is None:
+            flat = index[fixed[0]]
+            for k in fixed[1:]:  # mixed radix, last key fastest (itertools.product order)
+                flat = flat * len(lists[k]) + index[k]
+            memo[tuple(fixed)] = flat
+        return (table[0][flat],) * 2 if table[2] else (table[0][flat], table[1][flat])
+
+
+def _once(x: tuple, fn) -> tuple:
+    """(fn(lo), fn(hi)) of an interval, computed once when it is one number (``lo is hi``)."""
+    return (fn(x[0]),) * 2 if x[0] is x[1] else (fn(x[0]), fn(x[1]))
 
 
 def _times_array(x: tuple, y: tuple) -> tuple:
+    if x[0] is x[1] and y[0] is y[1]:  # one number each: every corner is the same product
+        return (x[0] * y[0],) * 2
     if _nonnegative(x[0]) and _nonnegative(y[0]):  # the common case: two extremes, not four corners
         return x[0] * y[0], x[1] * y[1]
     corners = (x[0] * y[0], x[0] * y[1], x[1] * y[0], x[1] * y[1])

@@ -165,20 +165,12 @@ def search(spaces: list[SpaceBounds], deadline: float, keep: int = 1, cutoff: fl
         except SafetyStop:
             unsettled, result.stopped = floor, "time"
             break
-        from trnopt.optimizer.search.cpsat import check_agreement  # OR-Tools: imported when a branch needs it
-        from trnopt.optimizer.search.solver import STATUS, solver_for
         model = lm.restricted(branch.degrees, branch.plans, limit() * (1 + SLACK), rows)
-        # one worker: a branch's model is small, and the portfolio's start-up cost more than
-        # it saved on them (benchmarks/solver_scaling.py); deterministic for a seed besides
-        solver = solver_for(deadline - clock(), 1, seed,
-                            deterministic_limit=min(budget.per_solve_s, budget.deterministic_s - spent))
-        # no probing in presolve: on these small models it cost more than it pruned (the 43 branch
-        # solves of deepseek-v3 on 4 trn2u: 38.2 s with it, 30.3 s without)
-        solver.parameters.cp_model_probing_level = 0
-        status = STATUS[solver.solve(model)]
+        status, solver = _solve_branch(model, deadline, seed, min(budget.per_solve_s, budget.deterministic_s - spent))
         spent += solver.deterministic_time
         result.solves += 1
         if status in ("OPTIMAL", "FEASIBLE"):
+            from trnopt.optimizer.search.cpsat import check_agreement  # OR-Tools: imported when a branch needs it
             e = problem.evaluate(lm.layout(solver))
             check_agreement(lm, solver, e)
             offer(e, lm.objective.error(solver.value) * lm.objective_unit)
@@ -193,6 +185,18 @@ def search(spaces: list[SpaceBounds], deadline: float, keep: int = 1, cutoff: fl
     result.bound = min(left, ranked[0][0]) if ranked else left
     result.proven = left >= limit() * (1 + SLACK)
     return result
+
+
+def _solve_branch(model, deadline: float, seed: int, deterministic_s: float):
+    """(status name, solver) of one branch's restricted CP-SAT model, within ``deterministic_s``."""
+    from trnopt.optimizer.search.solver import STATUS, solver_for  # OR-Tools: imported when a branch needs it
+    # one worker: a branch's model is small, and the portfolio's start-up cost more than
+    # it saved on them (benchmarks/solver_scaling.py); deterministic for a seed besides
+    solver = solver_for(deadline - clock(), 1, seed, deterministic_limit=deterministic_s)
+    # no probing in presolve: on these small models it cost more than it pruned (the 43 branch
+    # solves of deepseek-v3 on 4 trn2u: 38.2 s with it, 30.3 s without)
+    solver.parameters.cp_model_probing_level = 0
+    return STATUS[solver.solve(model)], solver
 
 
 def _offer_exact(problem, layout: Layout, value: float, offer) -> bool:

@@ -43,7 +43,8 @@ from trnopt.optimizer.search.intmodel import CAP, IntModel, Term, const
 from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.search.space import Space, divisors, prime_exponents
 from trnopt.optimizer.search.solver import BoundedSolver
-from trnopt.optimizer.search.spacebounds import PLACED, SPANS, axis_key, canonical, interchangeable
+from trnopt.optimizer.search.placements import PLACED, axis_key, canonical, interchangeable
+from trnopt.optimizer.search.spacebounds import SPANS
 from trnopt.optimizer.search.tabulate import Tabulator
 
 TICKS_PER_COMPUTE = 2**24  # ticks in the compute at peak

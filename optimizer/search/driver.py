@@ -78,6 +78,7 @@ class SearchResult:
                                        # the robust choice and the alternatives)
     stopped: str = ""  # what ended the search before its proof: "work" (a budget: the same answer on any
                        # machine) or "time" (the --time-limit safety stop: the answer may differ elsewhere)
+    uneven_stages: dict | None = None  # --uneven-stages: what the split search found (search/stagesplit.split_layout)
 
 
 def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,

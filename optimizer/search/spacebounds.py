@@ -28,20 +28,19 @@ from trnopt.optimizer.cost.steptime import TERMS, step_terms
 from trnopt.optimizer.model.layout import Layout, every_nth
 from trnopt.optimizer.model.placement import instance_prefix
 from trnopt.optimizer.search.bounds import Bounder, FactorEntries, PointBounder, Ranges
-from trnopt.optimizer.search.space import Space, block_step, divisors, prime_exponents
+from trnopt.optimizer.search.placements import MAX_PLACEMENTS, PLACED, first_placements, placements
+from trnopt.optimizer.search.space import Space, divisors, prime_exponents
 
 if TYPE_CHECKING:  # CP-SAT (OR-Tools) is imported only when a branch needs it
     from trnopt.optimizer.cost.problem import Problem
     from trnopt.optimizer.search.cpsat import LayoutModel
 
-PLACED = ("tp", "cp", "ep", "edp", "pp")  # the variable family of each Layout placement row, in DIMS order
 SPANS = {"span.tp": ("tp",), "span.cp": ("cp",), "span.ep": ("ep",), "span.edp": ("edp",),
          "span.pp": ("pp",), "span.dp": ("ep", "edp")}  # each span decision's families
 # Families in the order of a degree tuple (edp: the expert-data replicas, dp // ep)
 FAMILIES = PLACED
 SLACK = 1e-6  # relative: the cutoff lets through layouts that tie with it within float noise
-MAX_POINTS = 2_000_000   # points, and placements, scored in one branch before it is left to CP-SAT whole;
-MAX_PLACEMENTS = 20_000  # past these the scoring would cost more than the solve
+MAX_POINTS = 2_000_000   # points scored in one branch before it is left to CP-SAT whole (placements: MAX_PLACEMENTS)
 CHUNK_POINTS = 100_000  # points bounded in one NumPy pass (a few MB per node of the trees)
 EXACT = 1e-9  # relative: a point's interval narrower than this is its value (float noise of the trees)
 
@@ -183,31 +182,37 @@ class SpaceBounds:
         """Every placement of the degrees on the axes, as span-decision -> row (the rules of
         cpsat.LayoutModel: each axis shared out exactly; torchrun's instance blocks where asked,
         checked on each prefix of the rank order, since a prefix that breaks them cannot be mended)."""
-        return _placements(self.space.axes, tuple(self.active), self._inside, degrees)
+        return placements(self.space.axes, tuple(self.active), self._inside, degrees)
 
     def _first_placements(self, degrees: dict[str, int], cap: float) -> list[dict]:
         """The first ``cap`` + 1 placements (all of them when ``cap`` is infinite): those up to
-        MAX_PLACEMENTS + 1 are kept for the process (``_first_placements``: the robust choice and
+        MAX_PLACEMENTS + 1 are kept for the process (``placements.first_placements``: the robust choice and
         the search with no overlap ask for the same degree tuples' placements again)."""
         if cap == math.inf:
             return list(self.placements(degrees))
-        found = _first_placements(self.space.axes, tuple(self.active), self._inside, tuple(degrees.items()))
+        found = first_placements(self.space.axes, tuple(self.active), self._inside, tuple(degrees.items()))
         return list(found[:int(cap) + 1])
 
     def floors(self, ranges: Ranges, terms: list[str] | None = None) -> tuple[float, float]:
         """(step time, memory) floors over ``ranges``; ``terms``: only these step terms (each term is
         a time, at least 0, so a sum over some of them is a floor too)."""
+        return self.step_floor(ranges, terms), self.memory_floor(ranges)
+
+    def step_floor(self, ranges: Ranges, terms: list[str] | None = None) -> float:
+        """The step time floor over ``ranges`` (``floors``)."""
         names = [name for name in TERMS if name != "tp_raw"] if terms is None else terms
-        step = sum(self.bounder.interval(self.steps[name], ranges)[0] for name in names)
-        memory = sum(self.bounder.interval(e, ranges)[0] for e in self.memories.values())
-        return step, memory
+        return sum(self.bounder.interval(self.steps[name], ranges)[0] for name in names)
+
+    def memory_floor(self, ranges: Ranges) -> float:
+        """The memory floor over ``ranges`` (``floors``)."""
+        return sum(self.bounder.interval(e, ranges)[0] for e in self.memories.values())
 
     def deepen(self, branch: Branch) -> None:
         """Raise the branch's floor from its cheap terms' (``branches``) to every term's."""
         key = tuple(branch.degrees[d] for d in FAMILIES)
         found = self._deep.get(key)
         if found is None:
-            found = self._deep[key] = self.floors(self.ranges(branch.degrees))[0]
+            found = self._deep[key] = self.step_floor(self.ranges(branch.degrees))
         branch.floor, branch.floored = max(branch.floor, found), True
 
     # -- the branches -----------------------------------------------------------------------------
@@ -224,12 +229,15 @@ class SpaceBounds:
                 if not self.ranges(degrees).empty:
                     out.append(Branch(self, degrees, 0.0))
                 continue
-            # a tuple's floors depend on the space alone: kept for the next call (the robust choice's)
+            # a tuple's floors depend on the space alone: kept for the next call (the robust choice's);
+            # memory first, since a tuple it drops needs no step floor (most tuples of a space that is
+            # short of memory)
             found = self._floors.get(combo)
             if found is None:
                 ranges = self.ranges(degrees)
-                found = self._floors[combo] = (math.inf, math.inf) if ranges.empty else \
-                    self.floors(ranges, self.cheap_terms)
+                memory = math.inf if ranges.empty else self.memory_floor(ranges)
+                step = self.step_floor(ranges, self.cheap_terms) if memory <= self.usable else math.inf
+                found = self._floors[combo] = (step, memory)
             step, memory = found
             if memory <= self.usable:
                 out.append(Branch(self, degrees, step))
@@ -263,9 +271,11 @@ class SpaceBounds:
         base = self.ranges(branch.degrees)
         kept = {}
         for rc, zero in itertools.product(base.values["recompute"], base.values["zero"]):
-            step, memory = self.floors(self.ranges(branch.degrees, {"recompute": rc, "zero": zero}))
-            if memory <= self.usable and step < cutoff * (1 + SLACK):
-                kept[(rc, zero)] = step
+            ranges = self.ranges(branch.degrees, {"recompute": rc, "zero": zero})
+            if self.memory_floor(ranges) <= self.usable:
+                step = self.step_floor(ranges)
+                if step < cutoff * (1 + SLACK):
+                    kept[(rc, zero)] = step
         branch.plans = kept
         branch.floor = min(kept.values(), default=math.inf)
 
@@ -319,7 +329,8 @@ class SpaceBounds:
                          micro_batches=grid[2], interleave=grid[3], hsdp=grid[4])
             values = self.points_bounder.intervals(steps + memories, lists, ranged, index, tags)
             step = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[:len(steps)])
-            high = sum(np.broadcast_to(hi, grid[0].shape) for _, hi in values[:len(steps)])
+            high = step if all(lo is hi for lo, hi in values[:len(steps)]) else \
+                sum(np.broadcast_to(hi, grid[0].shape) for _, hi in values[:len(steps)])
             memory = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[len(steps):])
             # interleaved 1F1B runs the micro-batches in groups of pp
             rules = (np.array(interleaves)[grid[3]] == 1) | (counts[grid[2]] % pp == 0)
@@ -401,91 +412,12 @@ class SpaceBounds:
                       dp_replicate=edp[-1] if hsdp else 1)
 
 
-def interchangeable(axes) -> list[int]:
-    """Each j whose axes j and j + 1 are identical (kind, size, bandwidth, latency, closed or a line)."""
-    return [j for j in range(len(axes) - 1)
-            if (axes[j].kind, axes[j].size, axes[j].bandwidth, axes[j].latency, axes[j].closed)
-            == (axes[j + 1].kind, axes[j + 1].size, axes[j + 1].bandwidth, axes[j + 1].latency, axes[j + 1].closed)]
-
-
-def axis_key(active: list[str], axis_divisors: list, j: int, factor_index) -> int:
-    """The ``active`` families' factors on axis j as one mixed-radix number, the first family most
-    significant; ``factor_index(family, j)`` is a factor's position in the axis's divisors."""
-    base = len(axis_divisors[j])
-    return sum(base ** (len(active) - 1 - i) * factor_index(d, j) for i, d in enumerate(active))
-
-
-def canonical(axes, active: list[str], axis_divisors: list, rows: dict[str, tuple[int, ...]]) -> bool:
-    """Whether a placement (family -> row) keeps the symmetry rule of LayoutModel._constraints:
-    of identical axes, the earlier holds the larger factors (mirrors of a placement are left out)."""
-    def index(d, j):
-        return axis_divisors[j].index(rows[d][j])
-    return all(axis_key(active, axis_divisors, j, index) >= axis_key(active, axis_divisors, j + 1, index)
-               for j in interchangeable(axes))
-
-
-def _placements(axes: tuple, active: tuple[str, ...], inside: tuple[int, ...] | None, degrees: dict[str, int]):
-    """SpaceBounds.placements on ``axes`` with the ``active`` families; ``inside``: each axis's
-    share inside an instance (placement.instance_prefix) where instance blocks are asked, else None."""
-    ones, axis_divisors = (1,) * len(axes), [divisors(a.size) for a in axes]
-    families = [d for d in FAMILIES if degrees[d] > 1]
-
-    def extend(i: int, left: tuple[int, ...], chosen: list, blocks):
-        if i == len(families):
-            rows = dict(zip(families, chosen))
-            if not canonical(axes, list(active), axis_divisors, {d: rows.get(d, ones) for d in active}):
-                return  # the mirror of another placement (identical axes), which the model excludes
-            ep, edp = rows.get("ep", ones), rows.get("edp", ones)
-            yield {"span.tp": rows.get("tp", ones), "span.cp": rows.get("cp", ones), "span.ep": ep,
-                   "span.edp": edp, "span.pp": rows.get("pp", ones),
-                   "span.dp": tuple(a * b for a, b in zip(ep, edp))}
-            return
-        # the last family takes what is left, which must be its degree
-        rows = [left] if i == len(families) - 1 else _rows_within(left, degrees[families[i]])
-        for row in rows:
-            if i == len(families) - 1 and math.prod(row) != degrees[families[i]]:
-                continue
-            after = block_step(inside, blocks, row) if inside is not None else None
-            if inside is not None and after is None:
-                continue
-            yield from extend(i + 1, tuple(n // r for n, r in zip(left, row)), chosen + [row], after)
-
-    yield from extend(0, tuple(a.size for a in axes), [], ((1,) * len(axes), False))
-
-
 @functools.lru_cache(maxsize=4)  # a problem's LNCs (1 or 2), under both tables
 def _bounders(problem: Problem, lnc: int) -> tuple[Bounder, PointBounder]:
     """The bounders of a problem's space at ``lnc``, kept for the process and shared by the
     problem under every overlap table (``problem`` comes with none): their caches are keyed by
     tree node and by the sets of decision values the space defines, and the trees no overlap
-    table changes are the same objects under every table (steptime._overlap_free), so the
+    table changes are the same objects under every table (terms.overlap_free), so the
     report's search with no overlap bounds only the TP term and the terms that contain it anew."""
     entries = FactorEntries()
     return Bounder(entries), PointBounder(entries)
-
-
-@functools.lru_cache(maxsize=4096)
-def _first_placements(axes: tuple, active: tuple[str, ...], inside: tuple[int, ...] | None,
-                      degrees: tuple[tuple[str, int], ...]) -> tuple[dict, ...]:
-    """The first MAX_PLACEMENTS + 1 placements of ``_placements`` (shared: read, never changed)."""
-    return tuple(itertools.islice(_placements(axes, active, inside, dict(degrees)), MAX_PLACEMENTS + 1))
-
-
-@functools.lru_cache(maxsize=65536)
-def _rows_within(left: tuple[int, ...], degree: int) -> tuple[tuple[int, ...], ...]:
-    """Every row (a factor per axis) dividing ``left`` axis by axis whose product is ``degree``."""
-    rest = [math.prod(left[j:]) for j in range(len(left) + 1)]
-    out = []
-
-    def grow(j: int, need: int, row: tuple):
-        if j == len(left):
-            out.append(row)
-            return
-        for factor in divisors(math.gcd(left[j], need)):
-            if rest[j + 1] % (need // factor) == 0:
-                grow(j + 1, need // factor, row + (factor,))
-
-    grow(0, degree, ())
-    return tuple(out)
-
-

@@ -140,3 +140,11 @@ def test_same_json_under_a_slow_clock(tmp_path, monkeypatch, capsys):
     assert main([*case, "--json", str(tmp_path / "b.json")]) == 0
     first = (tmp_path / "a.json").read_bytes()
     assert json.loads(first)["status"] == "OPTIMAL" and (tmp_path / "b.json").read_bytes() == first
+
+
+def test_k8s_refuses_a_partial_machine_in_one_line(solved, capsys):
+    # its pod selectors would name the plan's node ids, not the whole UltraServer's: refuse, write nothing
+    out = solved / "K"
+    assert main(["launch", "--layout", str(solved / "l.json"), "--scheduler", "k8s", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--scheduler" in err and "d1i2" in err and not out.exists()

@@ -11,7 +11,8 @@ from trnopt.optimizer.cost.evaluate import evaluate
 from trnopt.optimizer.model.layout import Layout, default_placement, hsdp_spans
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.search.space import Space
-from trnopt.optimizer.cost.steptime import model_flops, step_time, tp_collectives
+from trnopt.optimizer.cost.steptime import model_flops, step_time
+from trnopt.optimizer.cost.terms import tp_collectives
 from trnopt.optimizer.model.target import load_target
 from trnopt.optimizer.model.workload import Training, Workload, load_model
 

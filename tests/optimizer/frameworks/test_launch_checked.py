@@ -64,18 +64,24 @@ def test_every_script_passes_shellcheck_and_bash_n(model, scheduler, tmp_path):
         assert r.returncode == 0, (name, r.stdout)
 
 
-@pytest.mark.skipif(BASH is None, reason="needs bash")
-def test_the_entry_reaches_torchrun_as_words_and_runs_nothing(tmp_path):
-    launch = _launch("llama3-8b", "torchrun", entry="python train.py; touch {x} 'a b'".format(x=tmp_path / "x"))
-    out = tmp_path / "run"
+def _written(launch: L.Launch, tmp_path: Path, torchrun: str) -> tuple[Path, Path]:
+    """The launch files written executable into tmp_path/run, and tmp_path/bin holding a fake
+    torchrun whose body is ``torchrun`` (so a test reads what the scripts hand it)."""
+    out, fake = tmp_path / "run", tmp_path / "bin"
     out.mkdir()
+    fake.mkdir()
     for name, text in L.launch_files(launch).items():
         (out / name).write_text(text)
         (out / name).chmod(0o755)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (fake / "torchrun").write_text(f"#!/usr/bin/env bash\n{torchrun}\n")
     (fake / "torchrun").chmod(0o755)
+    return out, fake
+
+
+@pytest.mark.skipif(BASH is None, reason="needs bash")
+def test_the_entry_reaches_torchrun_as_words_and_runs_nothing(tmp_path):
+    launch = _launch("llama3-8b", "torchrun", entry="python train.py; touch {x} 'a b'".format(x=tmp_path / "x"))
+    out, fake = _written(launch, tmp_path, torchrun='printf "%s\\n" "$@"')
     r = subprocess.run([str(out / "run-node.sh"), "0"], capture_output=True, text=True,
                        env={"PATH": f"{fake}:{os.environ['PATH']}", "MASTER_ADDR": "head"})
     assert r.returncode == 0, r.stderr
@@ -191,15 +197,7 @@ US_VARS = ("NEURON_RT_ULTRASERVER_MODE", "NEURON_RT_ULTRASERVER_SERVER_ID", "NEU
 @pytest.mark.skipif(BASH is None, reason="needs bash")
 def test_run_node_exports_the_ultraserver_variables(tmp_path):
     launch = _launch("llama3-405b", "torchrun")
-    out = tmp_path / "run"
-    out.mkdir()
-    for name, text in L.launch_files(launch).items():
-        (out / name).write_text(text)
-        (out / name).chmod(0o755)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "torchrun").write_text("#!/usr/bin/env bash\nenv | grep '^NEURON_' | sort\n")
-    (fake / "torchrun").chmod(0o755)
+    out, fake = _written(launch, tmp_path, torchrun="env | grep '^NEURON_' | sort")
     for n, (d, i) in sorted(launch.binding.slot.items()):
         env = {"PATH": f"{fake}:{os.environ['PATH']}", "MASTER_ADDR": "head",
                "NEURON_RT_ULTRASERVER_SERVER_ID": f"00000000000000a{d}", "NEURON_RT_ULTRASERVER_NODE_ID": str(i)}
