@@ -15,6 +15,12 @@ Trn3 Gen2 UltraServer 144), so
 - without it every target gets the fewest of its domains on which the model fits with the
   headroom (``search.fewest_domains``), and the row says so.
 
+Failed instances: ``--exclude TARGET:NAMES`` plans that target on what is left of its N
+domains (model/partial.py, every candidate machine searched, as `trnopt solve --exclude`), the
+other targets on their whole machines: the names are positions of one machine's instances
+(``d1i2``), which mean nothing on another target, so bare names are taken only when one target
+is compared.
+
 A target on which no layout fits, or on which the search finds none within the time limit,
 gets a row that says why instead of stopping the command, and the other targets keep their
 layouts. Exit codes (``EXIT_CODES``, also in ``trnopt compare --help``): 0 when every target
@@ -36,10 +42,12 @@ from trnopt.optimizer.commands.args import (ascii_int, add_output_args, add_sear
 from trnopt.optimizer.commands.output import write_output
 from trnopt.optimizer.errors import InfeasibleError, InputError, TimeLimitError, one_line
 from trnopt.optimizer.cost.evaluate import Evaluation
-from trnopt.optimizer.model.layoutfile import layout_dict
+from trnopt.optimizer.model.layoutfile import layout_dict, partial_dict
+from trnopt.optimizer.model.partial import candidates, describe, parse_names
 from trnopt.optimizer.commands.degrees import check_degrees, fits_on_no_count
 from trnopt.optimizer.search.domains import MAX_DOMAINS, domain_flag, fewest_domains, least_memory_found
 from trnopt.optimizer.search.driver import SearchResult, solve
+from trnopt.optimizer.search.partial import on_candidate, solve_partial
 from trnopt.optimizer.search.cpsat import SolverMismatch
 from trnopt.optimizer.cost.problem import Problem
 from trnopt.optimizer.model.target import GIB, Target, check_domains, load_target
@@ -71,6 +79,8 @@ class Row:
     result: SearchResult | None = None
     status: str = "solved"         # solved, infeasible, time_limit (no layout, no proof), error
     reason: str = ""
+    exclude: tuple[str, ...] = ()
+    """The failed instances or chips of this target's machine (--exclude TARGET:NAMES); () when whole."""
 
     @property
     def evaluation(self) -> Evaluation | None:
@@ -80,6 +90,8 @@ class Row:
     def note(self) -> str:
         if self.domains is None:
             return ""
+        if self.exclude:
+            return describe(self.result.problem.target) if self.result else f"excluded {', '.join(self.exclude)}"
         if self.domains_chosen == "given":
             return f"{self.domains} domain(s) as given"
         return f"fewest {self.target.name} domains that fit ({domain_flag(self.target, self.domains)})"
@@ -99,12 +111,18 @@ def relative(e: Evaluation, base: Evaluation) -> dict[str, float]:
 
 
 def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int | None, headroom: float,
-            objective: str, time_limit: float, workers: int, seed: int, top: int = 0) -> list[Row]:
-    """Solve the workload on every target (same time limit, seed, workers); one Row per target."""
+            objective: str, time_limit: float, workers: int, seed: int, top: int = 0,
+            exclude: dict[str, tuple[str, ...]] | None = None) -> list[Row]:
+    """Solve the workload on every target (same time limit, seed, workers); one Row per target. A target
+    in ``exclude`` (its names checked, ``domains`` given) is solved on what its failed instances leave."""
     rows = []
     for ref, target in targets:
         problem = Problem(workload, target, domains or 1, headroom, objective=objective)
         row = Row(ref, target, domains, "given" if domains else "fewest")
+        if exclude and ref in exclude:
+            row.exclude = exclude[ref]
+            rows.append(_on_partial(row, problem, time_limit, workers, seed, top))
+            continue
         try:
             tiled = check_degrees(workload, target, problem.lnc_values, domains, MAX_DOMAINS)
         except InfeasibleError as exc:
@@ -138,6 +156,29 @@ def compare(workload: Workload, targets: list[tuple[str, Target]], domains: int 
     return rows
 
 
+def _on_partial(row: Row, problem: Problem, time_limit: float, workers: int, seed: int, top: int) -> Row:
+    """The row of a target with failed instances: every candidate machine left searched (solve_partial)."""
+    fits = []
+    for cand in candidates(row.target, row.domains, row.exclude):
+        try:
+            check_degrees(problem.workload, cand, problem.lnc_values, on_candidate(problem, cand).domains, MAX_DOMAINS)
+            fits.append(cand)
+        except InfeasibleError as exc:
+            row.reason = row.reason or str(exc)
+    try:
+        if not fits:
+            raise InfeasibleError(row.reason)
+        row.result, _ = solve_partial(problem, fits, time_limit, workers, seed, top)
+        row.reason = ""
+    except InfeasibleError as exc:
+        row.status, row.reason = "infeasible", f"excluding {', '.join(row.exclude)} leaves no machine it fits: {exc}"
+    except TimeLimitError as exc:
+        row.status, row.reason = "time_limit", str(exc)
+    except SolverMismatch as exc:
+        row.status, row.reason = "error", f"internal error (please report): {exc}"
+    return row
+
+
 def baseline(rows: list[Row]) -> Row | None:
     return next((r for r in rows if r.evaluation is not None), None)
 
@@ -147,7 +188,10 @@ def compare_dict(rows: list[Row], workload: Workload, settings: dict) -> dict:
     out_rows = []
     for r in rows:
         d: dict = {"target": r.target_ref, "status": r.status, "domains": r.domains,
-                   "domains_chosen": r.domains_chosen}
+                   "domains_chosen": r.domains_chosen,
+                   **({"exclude": list(r.exclude)} if r.exclude else {}),
+                   **({"instances_per_domain": partial_dict(r.result.problem.target)["instances_per_domain"]}
+                      if r.exclude and r.result else {})}
         if r.evaluation is not None:
             e = r.evaluation
             d.update({"chips": e.layout.chips, "ranks": e.layout.ranks, "solver_status": r.result.status,
@@ -228,6 +272,11 @@ def register(sub) -> None:
                    help=f"comma-separated built-in names or .toml files (default {defaults.COMPARE_TARGETS})")
     p.add_argument("--ultraservers", type=ascii_int,
                    help="domains of every target (default: the fewest that fit, per target)")
+    p.add_argument("--exclude", metavar="TARGET:NAMES", action="append",
+                   help="failed instances or chips of one target's machine, named as its rank map names them "
+                        "(d2i3, d0i1c5), e.g. trn2u:d1i2,d0i0c3: that target is planned on what is left of its "
+                        "--ultraservers domains (as `solve --exclude`), the others whole. Once per target; NAMES "
+                        "alone only with one target (names of one machine's instances mean nothing on another)")
     add_workload_args(p)
     add_search_args(p, time_help="seconds of search per target")
     add_output_args(p)
@@ -243,17 +292,46 @@ def parse_targets(text: str) -> list[tuple[str, Target]]:
     return [(ref, load_target(ref)) for ref in refs]
 
 
+def parse_exclude(given: list[str] | None, targets: list[tuple[str, Target]], domains: int | None
+                  ) -> dict[str, tuple[str, ...]]:
+    """--exclude TARGET:NAMES (NAMES alone with one target) -> target ref -> its checked names."""
+    if not given:
+        return {}
+    if domains is None:
+        raise InputError("--exclude", "exclude", "needs --ultraservers: the whole machine of each target the "
+                         "excluded instances or chips are part of")
+    out: dict[str, tuple[str, ...]] = {}
+    refs = dict(targets)
+    for text in given:
+        ref, _, names = text.rpartition(":")
+        if not ref:
+            if len(targets) > 1:
+                raise InputError("--exclude", "exclude", f"{names!r} names instances of one machine, but --targets "
+                                 f"compares {len(targets)} targets whose instances are not the same machines; write "
+                                 f"TARGET:NAMES, e.g. {targets[0][0]}:{names}, for the target that lost them")
+            ref = targets[0][0]
+        if ref not in refs:
+            raise InputError("--exclude", "exclude", f"{ref!r} is not one of --targets ({', '.join(refs)})")
+        if ref in out:
+            raise InputError("--exclude", "exclude", f"{ref} is given twice; name all its instances in one "
+                             f"--exclude {ref}:NAMES")
+        out[ref] = parse_names(refs[ref], domains, names)
+        candidates(refs[ref], domains, out[ref])  # something is left, checked before any search
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     targets = parse_targets(args.targets)
     if args.ultraservers is not None and args.ultraservers < 1:
         raise InputError("--ultraservers", "ultraservers", f"must be >= 1, got {args.ultraservers}")
     for _, target in targets if args.ultraservers is not None else ():
         check_domains(target, args.ultraservers, "--ultraservers", "ultraservers")
+    exclude = parse_exclude(args.exclude, targets, args.ultraservers)
     check_search_args(args)
     check_output_args(args)
     workload = workload_from_args(args)
     rows = compare(workload, targets, args.ultraservers, args.headroom, args.objective, args.time_limit,
-                   args.workers, args.seed)
+                   args.workers, args.seed, exclude=exclude)
     settings = {"objective": args.objective, "time_limit_s": args.time_limit, "seed": args.seed,
                 "workers": args.workers, "headroom": args.headroom}
     if args.json == "-":

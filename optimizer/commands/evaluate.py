@@ -1,4 +1,9 @@
-"""`trnopt evaluate`: score one hand-written layout with the cost model.
+"""`trnopt evaluate`: score one hand-written layout, or a layout file, with the cost model.
+
+The layout comes from the flags (degrees, placement) on the machine they name, possibly with
+failed instances or chips excluded (``--exclude``, model/partial.py), or from a layout file
+(``--layout``, the JSON `trnopt solve --json` writes), whose ``problem`` names the machine and
+any exclusion: a file is scored on the very machine its solve searched.
 
 Exit 0 when the layout fits, 1 when it does not (the report says by how much), 2 when
 the flags do not make a layout of this model on this machine.
@@ -12,9 +17,11 @@ import re
 import sys
 from dataclasses import replace
 
-from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_rank_map_arg, check_int, check_output_args,
-                                            check_rank_map_size, domains_from_args, lnc_from_args, text_to_stdout,
-                                            workload_from_args, write_rank_map)
+from trnopt.optimizer import defaults
+from trnopt.optimizer.commands.args import (ascii_int, add_problem_args, add_rank_map_arg, check_float, check_int,
+                                            check_output_args,
+                                            check_rank_map_size, domains_from_args, exclude_from_args, lnc_from_args,
+                                            text_to_stdout, workload_from_args, write_rank_map)
 from trnopt.optimizer.commands.output import to_stdout, write_output
 from trnopt.optimizer.commands.report import evaluation_dict, evaluation_lines, rank_map_lines, with_overlap_source
 from trnopt.optimizer.cost.problem import Problem
@@ -25,9 +32,11 @@ from trnopt.optimizer.model.layout import DIMS, RECOMPUTE, Layout, default_place
 from trnopt.optimizer.model.schedules import SCHEDULES
 from trnopt.optimizer.frameworks.profile import DEFAULT as DEFAULT_FRAMEWORK
 from trnopt.optimizer.frameworks.profile import PROFILES, check_runs, profile
-from trnopt.optimizer.model.layoutfile import problem_dict
+from trnopt.optimizer.model.inputfile import parse_json, read_text
+from trnopt.optimizer.model.layoutfile import layout_framework, partial_dict, problem_dict, read_layout
+from trnopt.optimizer.model.partial import describe
 from trnopt.optimizer.model.placement import rank_map_summary
-from trnopt.optimizer.model.target import GIB, check_domains, load_target
+from trnopt.optimizer.model.target import GIB, Target, check_domains, load_target
 from trnopt.optimizer.search.domains import domain_flag
 
 
@@ -57,14 +66,32 @@ def register(sub) -> None:
     p.add_argument("--stage-layers", metavar="N,N,...",
                    help="layers of each pipeline stage, first to last (pp of them, at least one each, adding up to "
                         "the model's layers): score this uneven split instead of the even one")
+    p.add_argument("--exclude", metavar="NAMES",
+                   help="failed instances or chips, comma-separated, named as the rank map names them: d2i3 "
+                        "(domain 2's instance 3), d0i1c5 (its chip 5); needs --ultraservers/--instances. The layout "
+                        "is scored on what is left (the machines `solve --exclude` searches): the first, most "
+                        "instances per domain first, on which it tiles (--dp defaults to the rest of that one; "
+                        "--placement or the degrees pick another); the rank map goes around the hole")
+    p.add_argument("--layout", metavar="FILE",
+                   help="score the layout of this file (the JSON `trnopt solve --json` writes) on the machine its "
+                        "problem names, its --exclude included: the step time solve reported; the flags that "
+                        "describe the problem or the layout must then not be given")
     add_rank_map_arg(p)
-    p.set_defaults(run=run)
+    # None marks a flag not given (--layout refuses those given); run() fills in the defaults the help states
+    p.set_defaults(run=run, **{key: None for key in FROM_FILE})
 
 
 FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "ep": "--ep", "cp": "--cp", "zero": "--zero",
          "recompute": "--recompute", "micro_batch": "--micro-batch", "interleave": "--interleave",
          "schedule": "--schedule", "stage_layers": "--stage-layers",
          "degrees": "--tp/--pp/--dp/--cp"}
+
+
+# what a layout file gives (its problem and layout objects), with each flag's default without --layout
+FROM_FILE = {"target": defaults.TARGET, "ultraservers": None, "instances": None, "model": defaults.MODEL,
+             "seq": defaults.SEQ, "global_batch": defaults.GLOBAL_BATCH, "tp": None, "pp": None, "dp": None, "ep": None,
+             "cp": None, "zero": 1, "recompute": None, "micro_batch": 1, "interleave": 1, "schedule": None,
+             "lnc": None, "placement": None, "stage_layers": None, "exclude": None}
 
 
 def check_layout_flags(args) -> None:
@@ -97,6 +124,11 @@ def degrees_from_args(args, rows: tuple[tuple[int, ...], ...] | None) -> dict[st
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.layout is not None:
+        return run_file(args)
+    for key, value in FROM_FILE.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     target, workload = load_target(args.target), workload_from_args(args)
     check_layout_flags(args)
     check_output_args(args)
@@ -104,6 +136,50 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--placement", "placement", "longer than 4096 characters or a factor of more than 12 digits")
     lnc = lnc_from_args(target, args) or target.chip.lnc_default
     domains = domains_from_args(target, args)
+    if args.exclude is not None:
+        if domains is None:
+            raise InputError("--exclude", "exclude", "needs --ultraservers or --instances: the whole machine the "
+                             "excluded instances or chips are part of")
+        target, domains, layout = on_partial(args, workload, exclude_from_args(target, domains, args), lnc)
+    else:
+        domains, layout = layout_from_flags(args, workload, target, domains, lnc)
+    if args.stage_layers is not None:
+        layout = with_stage_layers(args.stage_layers, workload, layout)
+    check_runs(layout, workload, args.framework, "--framework")
+    check_rank_map_size(args, layout.ranks)
+    problem = Problem(workload, target, domains, args.headroom)
+    info = {**problem_dict(args.target, args.model, workload, domains, args.framework), **partial_dict(target)}
+    return report(args, problem, layout, info)
+
+
+def run_file(args: argparse.Namespace) -> int:
+    """--layout FILE: the file's layout on the file's problem (read_layout: every key checked, the
+    partial machine of its ``problem.exclude`` rebuilt), scored as `solve` scored it."""
+    given = [key for key in FROM_FILE if getattr(args, key) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise InputError(flag, given[0], f"--layout {args.layout} gives the problem and the layout (its problem "
+                         "and layout objects); drop the flag, or drop --layout and describe the layout with flags")
+    check_float(args.headroom, "--headroom", 0.0, 1.0, open_high=True)
+    check_output_args(args)
+    target, workload, layout = read_layout(args.layout)
+    named = layout_framework(args.layout)
+    if args.framework is not None and named is not None and args.framework != named:
+        raise InputError("--framework", "framework", f"{args.framework}, but --layout {args.layout} was solved for "
+                         f"{named} (problem.framework); drop --framework")
+    framework = args.framework or named
+    check_runs(layout, workload, framework, args.layout)
+    check_rank_map_size(args, layout.ranks)
+    problem = Problem(workload, target, layout.domains, args.headroom)
+    recorded = parse_json(args.layout, read_text(args.layout, "--layout"))["problem"]
+    info = {**problem_dict(recorded["target"], recorded["model"], workload, layout.domains, framework),
+            **partial_dict(target)}
+    return report(args, problem, layout, info)
+
+
+def layout_from_flags(args, workload, target: Target, domains: int | None, lnc: int):
+    """(domains, Layout) the flags describe on ``target``: degrees from the flags or the placement,
+    --dp defaulting to the rest of the machine, the machine's size from the degrees when not given."""
     per_domain = target.ranks(lnc, 1)
     if domains is None and args.placement is not None:
         # a scale-out factor without a machine size: the user states the machine, trnopt does not guess it
@@ -144,21 +220,41 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         key, rule = problems[0]
         raise InputError(source or FLAGS[key], key, rule)
-    if args.stage_layers is not None:
-        layout = with_stage_layers(args.stage_layers, workload, layout)
-    check_runs(layout, workload, args.framework, "--framework")
-    check_rank_map_size(args, layout.ranks)
-    problem = Problem(workload, target, domains, args.headroom)
+    return domains, layout
+
+
+def on_partial(args, workload, candidates: list[Target], lnc: int) -> tuple[Target, int, Layout]:
+    """(machine, domains, Layout): the first candidate machine left by --exclude (most instances per
+    domain first, the order `solve --exclude` searches them in) on which the flags' layout tiles.
+    On none, the one error all candidates share, else one line listing what each one refused."""
+    errors = []
+    for cand in candidates:
+        kept = len(cand.remaining.domains)
+        try:
+            domains, layout = layout_from_flags(args, workload, cand, kept, lnc)
+            return cand, domains, layout
+        except InputError as exc:
+            errors.append((cand, kept, exc))
+    if len({str(exc) for _, _, exc in errors}) == 1:
+        raise errors[0][2]
+    raise InputError("--exclude", "exclude", "the layout tiles none of the machines left: " + "; ".join(
+        f"{kept} domain(s) of {cand.instances_per_domain} instance(s) ({cand.ranks(lnc, kept)} ranks at LNC={lnc}): "
+        f"{exc.source}: {exc.rule}" for cand, kept, exc in errors))
+
+
+def report(args: argparse.Namespace, problem: Problem, layout: Layout, info: dict) -> int:
+    """The report, the JSON and the rank map of ``layout`` scored on ``problem``; exit 1 when it does not fit."""
+    target = problem.target
     e = problem.evaluate(layout)
-    doc = {"problem": problem_dict(args.target, args.model, workload, domains, args.framework), **evaluation_dict(e),
-           "rank_map": rank_map_summary(layout, target)}
+    doc = {"problem": info, **evaluation_dict(e), "rank_map": rank_map_summary(layout, target)}
     # files first: a reader that closes stdout early (`| head`) does not lose them
     if args.json and args.json != "-":
         write_output(args.json, doc, args.force)
     if args.rank_map != "-":
         write_rank_map(args, layout, target)
     if text_to_stdout(args):
-        lines = with_overlap_source(evaluation_lines(e, target), e, problem)
+        lines = [describe(target)] if target.remaining else []
+        lines += with_overlap_source(evaluation_lines(e, target), e, problem)
         to_stdout(lambda: print("\n".join(lines + [""] + rank_map_lines(e, target))))
     elif args.json == "-":
         to_stdout(lambda: write_output("-", doc))

@@ -123,12 +123,21 @@ def run_partial(args: argparse.Namespace, problem: Problem, framework: Framework
         except InfeasibleError as exc:
             first = first or exc
     if not targets:
-        raise first
+        raise left_too_small(args.exclude, problem, first)
     check_rank_map_size(args, max(t.ranks(v, on_candidate(problem, t).domains)
                                   for t in targets for v in problem.lnc_values))
-    result, _ = solve_partial(problem, targets, args.time_limit, args.workers, args.seed, args.top,
-                              deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
+    try:
+        result, _ = solve_partial(problem, targets, args.time_limit, args.workers, args.seed, args.top,
+                                  deterministic_limit=args.deterministic_limit, uncertainty=args.uncertainty)
+    except InfeasibleError as exc:
+        raise left_too_small(args.exclude, problem, exc) from None
     return answer(args, result, framework)
+
+
+def left_too_small(names: str, problem: Problem, exc: InfeasibleError) -> InfeasibleError:
+    """Nothing fits on what --exclude leaves: one line naming the flag, the rule and the first candidate's reason."""
+    return InfeasibleError(f"--exclude: exclude: excluding {names} leaves no machine on which "
+                           f"{problem.workload.model.name} fits (every candidate machine searched); the first: {exc}")
 
 
 def answer(args: argparse.Namespace, result, framework: FrameworkProfile) -> int:

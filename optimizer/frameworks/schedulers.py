@@ -49,12 +49,16 @@ def files(launch: Launch) -> dict[str, str]:
 def check_k8s(launch: Launch, pod_files: dict[str, str]) -> None:
     """InputError when the JobSet (one replicated job per node) or the ConfigMap of the files its
     pods read (``pod_files`` without run-node.sh) would exceed what Kubernetes stores in one object."""
-    if launch.target.remaining is not None:
-        # the pods' node-id selectors and labels are written in the plan's own numbering, not the whole
-        # UltraServer's node ids the cluster labels carry: a JobSet would land pods on the wrong nodes
-        raise InputError("--scheduler", "scheduler", "k8s: a plan on a partial machine (--exclude "
-                         f"{','.join(launch.target.remaining.excluded)}) is not written for Kubernetes yet; "
-                         "use --scheduler torchrun or slurm, whose node-rank.sh maps the whole machine's node ids")
+    rem = launch.target.remaining
+    if rem is not None and launch.target.instances_per_domain != rem.whole_instances:
+        # a plan of whole UltraServers (fewer of them) is a JobSet as any other: the pods select whole
+        # UltraServers' node ids, and one with a failed node cannot take a domain. A plan on some of an
+        # UltraServer's instances would need pods on chosen node ids of a cut ring, run in a smaller
+        # UltraServer mode: not written
+        raise InputError("--scheduler", "scheduler", f"k8s: the plan runs on {launch.target.instances_per_domain} "
+                         f"of each UltraServer's {rem.whole_instances} instances ({','.join(rem.excluded)} "
+                         "excluded), and the JobSet is written for whole UltraServers only; use --scheduler "
+                         "torchrun or slurm, whose node-rank.sh maps the whole machine's node ids")
     name = _name(launch)
     one = len("\n".join(_replicated_job(launch, name, 0, 0, 0, f"{name}-node-0-0-0.{name}"))) + 1
     if one * launch.nodes > OBJECT_LIMIT:
@@ -272,6 +276,7 @@ def jobset_yaml(launch: Launch) -> str:
         "# failurePolicy: any failed pod restarts the whole JobSet, so a failed UltraServer's instances are",
         "# rescheduled together, as one unit, onto a whole UltraServer.",
         *_assumptions(launch),
+        *_partial_lines(launch),
     ]
     if ipd not in (2, 4):
         lines.append(f"# Assumption: the Neuron node labels for {ipd}-instance UltraServers follow the documented "
@@ -292,6 +297,18 @@ def jobset_yaml(launch: Launch) -> str:
     for n, (d, i) in sorted(launch.binding.slot.items()):
         lines += _replicated_job(launch, name, n, d, i, master)
     return "\n".join(lines) + "\n"
+
+
+def _partial_lines(launch: Launch) -> list[str]:
+    """The JobSet's note on a plan of whole domains with failed instances or chips excluded."""
+    rem = launch.target.remaining
+    if rem is None:
+        return []
+    what = "UltraServer(s)" if launch.ultraserver else "instance(s)"
+    return [f"# Planned on {launch.layout.domains} whole {what}, {', '.join(rem.excluded)} excluded: any healthy "
+            f"{what} serve;",
+            "# cordon the failed node (kubectl cordon) so that it takes no pod"
+            + (" and its UltraServer, short of that node id, no domain." if launch.ultraserver else ".")]
 
 
 def _replicated_job(launch: Launch, name: str, n: int, d: int, i: int, master: str) -> list[str]:

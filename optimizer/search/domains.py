@@ -142,8 +142,14 @@ def explain_infeasible(problem: Problem, workers: int = defaults.WORKERS, seed: 
     least = least_memory_found(problem, workers, seed, deadline)
     have = usable_hbm(problem.target, problem.headroom)
     t = problem.target
+    where = (f"{problem.domains} {t.name} domain(s)" if t.remaining is None else
+             f"{problem.domains} {t.name} domain(s) of {t.instances_per_domain} instance(s) left")
     lines = [f"no layout fits {have / GIB:.1f} GiB usable ({t.chip.hbm_bytes / GIB:.0f} GiB HBM less "
-             f"{problem.headroom:.0%} headroom) on {problem.domains} {t.name} domain(s): {least.text()}"]
+             f"{problem.headroom:.0%} headroom) on {where}: {least.text()}"]
+    if t.remaining is not None:
+        # more domains of a partial machine's shape are not a machine the user has: name what would change
+        lines.append("what would fit: more healthy instances (fewer --exclude names, or a larger machine)")
+        return "; ".join(lines)
     try:
         fits_on = fewest_domains(problem, start=problem.domains + 1, workers=workers, seed=seed, deadline=deadline)
     except TimeLimitError:

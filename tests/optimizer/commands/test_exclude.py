@@ -142,9 +142,30 @@ def test_same_json_under_a_slow_clock(tmp_path, monkeypatch, capsys):
     assert json.loads(first)["status"] == "OPTIMAL" and (tmp_path / "b.json").read_bytes() == first
 
 
-def test_k8s_refuses_a_partial_machine_in_one_line(solved, capsys):
-    # its pod selectors would name the plan's node ids, not the whole UltraServer's: refuse, write nothing
+def test_k8s_runs_whole_ultraservers_and_refuses_a_cut_ring_in_one_line(solved, capsys):
+    """A plan of whole UltraServers is a JobSet as any other (valid Kubernetes Jobs, pods on node ids 0-3);
+    a plan on some of an UltraServer's instances is refused, nothing written."""
+    target, _, layout = read_layout(str(solved / "l.json"))
     out = solved / "K"
-    assert main(["launch", "--layout", str(solved / "l.json"), "--scheduler", "k8s", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--scheduler" in err and "d1i2" in err and not out.exists()
+    code = main(["launch", "--layout", str(solved / "l.json"), "--scheduler", "k8s", "--out", str(out)])
+    if target.instances_per_domain != target.remaining.whole_instances:
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "--scheduler" in err and "d1i2" in err
+        assert "whole UltraServers only" in err and not out.exists()
+        return
+    assert code == 0
+    yaml = pytest.importorskip("yaml")
+    kv = pytest.importorskip("kubernetes_validate")
+    text = (out / "jobset.yaml").read_text()
+    assert "d1i2 excluded" in text
+    jobs = yaml.safe_load(text)["spec"]["replicatedJobs"]
+    assert len(jobs) == layout.domains * 4
+    nodes = set()
+    for job in jobs:
+        # a JobSet's replicated job template is a batch/v1 JobTemplateSpec (jobset.x-k8s.io/v1alpha2)
+        kv.validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]},
+                     "spec": job["template"]["spec"]}, kv.latest_version(), strict=True)
+        pod = job["template"]["spec"]["template"]
+        nodes.add((pod["metadata"]["labels"]["trnopt/domain"],
+                   pod["spec"]["nodeSelector"]["neuron.amazonaws.com/ultraserver-node-id-4"]))
+    assert nodes == {(str(d), str(i)) for d in range(layout.domains) for i in range(4)}
