@@ -1,6 +1,6 @@
 """Overlap of the trnopt kernels in the simulator, Llama 3 shapes, TP 4 to 64, side by side.
 
-Every row is one entry of the overlap registry (trnopt.kernels.overlap.REGISTRY) measured
+Every row is one entry of the overlap registry (trnopt.kernels.overlap.REGISTRY) timed
 by its one timer: T_mm (the undecomposed matmul), T_cc (the collective alone: link busy
 time of the ring / all-to-all kernel without matmul), T_f (the fused kernel), hidden
 fraction 1 - (T_f - T_mm) / T_cc and speedup (T_mm + T_cc) / T_f, on the simulator's

@@ -49,7 +49,7 @@ def sum_dtype_for(dtype: Any, sum_dtype: Any = None) -> Any:
     rounds the sum once per hop to the dtype it sends. Sending the input's dtype moves the
     bytes a library reduce-scatter of that tensor moves (NCCL's ring reduce-scatter of
     BF16 data sends BF16 partial sums, one rounding per hop), which is also what the cost
-    model's TP term counts, so the measured overlap applies to the collective it times.
+    model's TP term counts, so the simulated overlap applies to the collective it times.
     The price is precision: a running sum is rounded once per hop, by up to 2^-9 of it,
     n - 1 times over a ring of n ranks one way, about n/2 times per side both ways
     (`ring.scatter_steps`, the on-chip ring's default). In the `trnopt kernels` check at TP128

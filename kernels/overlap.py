@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from trnopt.kernels import references as ref
-from trnopt.kernels.sim import TensorSpec, run_ranks
+from trnopt.kernels.sim import DEFAULT_LINK, TensorSpec, run_ranks
 from trnopt.kernels.tiling import SBUF_TRN2
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -313,6 +313,15 @@ class _Registry(Mapping):
 REGISTRY: Mapping[str, OverlapKernel] = _Registry()
 
 
+def baseline(kernel: str, shape: Mapping[str, int], *, lnc: int = 1, sbuf_bytes: int = SBUF_TRN2,
+             dtype: Any = BF16, symmetric: bool | None = None, timeout_s: float = 600.0) -> float:
+    """T_mm of ``kernel`` at ``shape``: the undecomposed matmul's kernel time alone, in seconds
+    (what `measure` runs first; it depends on neither the ring nor the link)."""
+    lx = launches(kernel, shape, tp=1, dtype=dtype, sbuf_bytes=sbuf_bytes)
+    return run(lx.mm, link=DEFAULT_LINK, lnc=lnc, sbuf_bytes=sbuf_bytes, symmetric=symmetric,
+               timeout_s=timeout_s).timeline.total_s
+
+
 # --- the timer ----------------------------------------------------------------------------------
 def launches(kernel: str, shape: Mapping[str, int], *, tp: int | None = None, ring: Sequence[int] | None = None,
              channels: int = 1, dtype: Any = BF16, numerics: bool = False, seed: int = 0,
@@ -337,7 +346,8 @@ def run(v: Variant, *, link: Any, numerics: bool = False, lnc: int = 1, sbuf_byt
 def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None = None,
             ring: Sequence[int] | None = None, channels: int = 1, dtype: Any = BF16, numerics: bool = False,
             lnc: int = 1, sbuf_bytes: int = SBUF_TRN2, options: Mapping[str, Any] | None = None,
-            symmetric: bool | None = None, seed: int = 0, timeout_s: float = 600.0) -> OverlapResult:
+            symmetric: bool | None = None, seed: int = 0, timeout_s: float = 600.0,
+            t_mm: float | None = None) -> OverlapResult:
     """T_mm, T_cc, T_f and the overlap ratios of ``kernel`` (a `REGISTRY` name) at ``shape``.
 
     Args:
@@ -349,6 +359,8 @@ def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None 
             the kernels' tiling budget); options: extra fused-kernel arguments.
         numerics: run the fused kernel with data and check every rank against the reference.
         symmetric: the simulator's symmetric mode for the schedule-only runs (None: auto).
+        t_mm: T_mm of this shape already simulated (`baseline`), so it is not run again: the
+            baseline matmul moves nothing over a link, so one run serves every ring and link.
 
     Returns:
         `OverlapResult`; with numerics, ``ok`` and ``max_err`` of the worst rank.
@@ -356,7 +368,7 @@ def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None 
     lx = launches(kernel, shape, tp=tp, ring=ring, channels=channels, dtype=dtype, numerics=numerics, seed=seed,
                   sbuf_bytes=sbuf_bytes, options=options)
     opts = {"link": link, "lnc": lnc, "sbuf_bytes": sbuf_bytes, "timeout_s": timeout_s}
-    t_mm = run(lx.mm, numerics=False, symmetric=symmetric, **opts).timeline
+    a = t_mm if t_mm is not None else run(lx.mm, numerics=False, symmetric=symmetric, **opts).timeline.total_s
     t_cc = run(lx.cc, numerics=False, symmetric=symmetric, **opts).timeline
     fused = run(lx.fused, numerics=numerics, symmetric=None if numerics else symmetric, **opts)
     ok = err = None
@@ -364,7 +376,7 @@ def measure(kernel: str, shape: Mapping[str, int], *, link: Any, tp: int | None 
         verdicts = [agreement(got, want, dtype) for out, exp in zip(fused.outputs, lx.expected())
                     for got, want in zip(_flat(out), _flat(exp))]
         ok, err = all(v.ok for v in verdicts), max(v.rel for v in verdicts)
-    a, b, c = t_mm.total_s, collective_span(t_cc), fused.timeline.total_s
+    b, c = collective_span(t_cc), fused.timeline.total_s
     return OverlapResult(kernel, len(lx.fused.args_per_rank), channels, dict(shape), a, b, c,
                          hidden_fraction(a, b, c), speedup(a, b, c), fused.timeline.exposed_comm_s,
                          collective_window(fused.timeline), numerics, ok, err)

@@ -174,7 +174,7 @@ class Runtime:
       collective), so calibration fits the share and leaves this at 1.0: trn1's fitted
       torus share carries it. The TP collectives under their matmuls get it from the
       simulator instead, whose timeline gives the fused kernels' DMA and HBM to both
-      (the measured overlap table).
+      (the simulated overlap table).
     """
 
     launch: float

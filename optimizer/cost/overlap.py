@@ -12,11 +12,11 @@ Lookup rule, ``OverlapTable.lookup(kernel, tp, link_class, target=, lnc=, shape_
 0. with a target: only that target's rows (at that LNC when given); a target with no
    row at all hides nothing ("no simulated row for target ...");
 1. the rows with that kernel, degree and link class: with a shape class its row, else
-   the smallest fraction over the shape classes measured (the conservative one), each
+   the smallest fraction over the shape classes simulated (the conservative one), each
    capped at what its matmul could cover at the asked width (``scaled_fraction``);
-2. else the row of the nearest measured degree on the same link class (distance in
+2. else the row of the nearest simulated degree on the same link class (distance in
    log2 of the degree; on a tie the smaller fraction);
-3. else 0: nothing measured on that link class hides nothing.
+3. else 0: nothing simulated on that link class hides nothing.
 Fractions are clamped to [0, 1]: a fused kernel slower than matmul + collective back to
 back (negative fraction) would not be used, so it hides nothing, and no kernel hides more
 than the whole collective.
@@ -76,7 +76,7 @@ def scaled_fraction(row: dict, shape_class: str | None) -> float:
     (s tokens, h x h/tp, the all-gather or reduce-scatter of s x h) the matmul takes
     2 s h (h/tp) / F and the collective s h b (tp-1)/tp / B (F the engine rate, B the link
     rate, b bytes per element; the sequence-parallel linears of Korthikanti et al. 2022),
-    so T_mm / T_cc grows as h: at width h' a row measured at width h
+    so T_mm / T_cc grows as h: at width h' a row simulated at width h
     hides at most (T_mm / T_cc) h' / h. Rows of the asked width, and rows or widths
     without a ``hidden<h>`` class, keep their fraction (clamped to [0, 1])."""
     f = _clamp(row["hidden_fraction"])

@@ -25,9 +25,9 @@ per byte and lambda its fixed seconds (collectives.coefficients):
   runtime picks for it (t_AR(S), collectives.collective_time: Mesh, RDH or a ring on
   Neuron axes):
       n L_s * m * t_AR(S)  =  n L_s pp * (B tp cp / (R b)) t_AR(S),
-  times (1 - hidden), the share the overlap kernels hide on that span, measured on the
+  times (1 - hidden), the share the overlap kernels hide on that span, simulated for the
   target at the layout's LNC and the model's width (overlap.py; another width: those rows
-  capped at what their matmul covers, overlap.scaled_fraction; unmeasured: 0).
+  capped at what their matmul covers, overlap.scaled_fraction; no simulated row: 0).
 - CP (ring attention): per layer and micro-batch the K and V of the whole sequence are
   gathered forward and their gradients reduce-scattered backward, b s max(kv heads, tp) /
   tp * 2 d_head a bytes per rank:

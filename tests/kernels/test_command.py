@@ -84,16 +84,18 @@ def test_kernels_report_the_row_the_cost_model_reads(tmp_path, capsys):
         assert r["cost_model_fraction"] == want, r
 
 
-def test_solve_charges_tp_after_the_measured_overlap(solved_layout):
+def test_solve_charges_tp_after_the_simulated_overlap(solved_layout):
+    # the layout's own target, LNC and model width select the rows (optimizer/cost/overlap.py)
+    from trnopt.optimizer.cost.overlap import shape_class
     doc = json.loads(solved_layout.read_text())
     step = doc["step_breakdown_s"]
     table = measured()
-    target = load_target("trn2u")
-    axes = target.axes(doc["layout"]["lnc"], doc["problem"]["domains"])
+    target, lnc = load_target(doc["problem"]["target"]), doc["layout"]["lnc"]
+    axes = target.axes(lnc, doc["problem"]["domains"])
     span = tuple((a, doc["layout"]["placement"]["tp"].get(a.name, 1)) for a in axes
                  if doc["layout"]["placement"]["tp"].get(a.name, 1) > 1)
-    frac = table.tp_fraction(doc["layout"]["tp"], cc.link_class(span))
-    assert step["tp_raw"] > 0
+    frac = tp_hidden(table, span, target.name, lnc, shape_class(load_model(doc["problem"]["model"]).hidden))
+    assert step["tp_raw"] > 0 and 0 < frac <= 1
     assert step["tp"] == pytest.approx(step["tp_raw"] * (1 - frac))
 
 

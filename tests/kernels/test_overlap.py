@@ -6,7 +6,7 @@ import pytest
 
 import numpy as np
 
-from trnopt.kernels.overlap import BF16, REGISTRY, agreement, hidden_fraction, measure, speedup
+from trnopt.kernels.overlap import BF16, REGISTRY, agreement, baseline, hidden_fraction, measure, speedup
 from trnopt.kernels.sim import LinkModel
 
 LINK = LinkModel(256e9, 1.5e-6)
@@ -50,6 +50,20 @@ def test_overrun_parts_sum_to_what_the_fused_kernel_adds(kernel, shape, ch, dtyp
     assert (r.t_mm - before - beyond - after) / r.t_cc == pytest.approx(r.hidden_fraction)
     if kernel == "matmul_reduce_scatter":
         assert before > 0  # the first partial sum must be computed before it can move
+
+
+@pytest.mark.parametrize("kernel,shape,lnc", [("allgather_matmul", {"m": 1024, "k": 512, "n": 512}, 1),
+                                              ("matmul_reduce_scatter", {"m": 1024, "k": 256, "n": 1024}, 2)])
+def test_a_baseline_simulated_once_serves_every_ring_and_link(kernel, shape, lnc):
+    """benchmarks/overlap_table.py simulates T_mm once per shape (`baseline`) and passes it to
+    `measure` for every ring and link: the rows must be the ones a whole measurement gives."""
+    t_mm = baseline(kernel, shape, lnc=lnc)
+    for tp, link, ch in ((4, LINK, 2), (2, LinkModel(12.5e9, 15e-6), 1)):
+        whole = measure(kernel, shape, tp=tp, link=link, channels=ch, lnc=lnc)
+        reused = measure(kernel, shape, tp=tp, link=link, channels=ch, lnc=lnc, t_mm=t_mm)
+        assert whole.t_mm == t_mm
+        assert (reused.t_mm, reused.t_cc, reused.t_f, reused.hidden_fraction) == (
+            whole.t_mm, whole.t_cc, whole.t_f, whole.hidden_fraction)
 
 
 def test_reduce_scatter_timings(dtypes):
