@@ -28,7 +28,8 @@ from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_do
 from trnopt.optimizer.search.clock import clock
 from trnopt.optimizer.search.driver import solve
 from trnopt.optimizer.search.partial import on_candidate, solve_partial
-from trnopt.optimizer.search.stagesplit import split_layout, split_runners_up
+from trnopt.optimizer.search.jointsplit import uneven_answer
+from trnopt.optimizer.search.stagesplit import split_runners_up
 
 
 def register(sub) -> None:
@@ -134,7 +135,7 @@ def run_partial(args: argparse.Namespace, problem: Problem, framework: Framework
 def answer(args: argparse.Namespace, result, framework: FrameworkProfile) -> int:
     """The report, the files and the exports of a search's result (on the machine it searched)."""
     if args.uneven_stages:
-        result.best, result.uneven_stages = split_layout(result.problem, result.best)
+        uneven_answer(result)
         if runners := split_runners_up(result.problem, result.best, result.runners_up):
             result.uneven_stages["runners_up"] = runners
     problem, target, workload = result.problem, result.problem.target, result.problem.workload
