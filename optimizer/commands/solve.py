@@ -54,9 +54,10 @@ def register(sub) -> None:
     p.add_argument("--top", type=ascii_int, default=defaults.TOP,
                    help=f"runner-up layouts to show (default {defaults.TOP})")
     p.add_argument("--uneven-stages", action="store_true",
-                   help="give the chosen layout's pipeline stages the layer counts that minimise its step (CP-SAT, "
-                        "proven against every split): lighter stages where the embedding, the output layer or the "
-                        "activations in flight weigh (default: even stages)")
+                   help="let every layout's pipeline stages take the layer counts that minimise its step (lighter "
+                        "stages where the output layer or the activations in flight weigh) and answer the best "
+                        "layout and split together, proven over every layout whose even split fits (default: "
+                        "even stages)")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, torchtitan (job config TOML and overrides), nxd (NxD Training "
                         "YAML keys) or env (launch environment lines)")

@@ -244,11 +244,12 @@ def uneven_answer(result) -> None:
 
 
 def _proven_split(data: SplitData, least: tuple[int, tuple[int, ...]], deterministic_s: float) -> tuple[int, ...]:
-    """The best split of one layout by CP-SAT (search/stagesplit.py), hinted with the monotone test's
-    (search/stagebottleneck.py); SolverMismatch when a proven CP-SAT optimum disagrees with it."""
+    """The monotone test's split (search/stagebottleneck.py), checked by CP-SAT's (search/stagesplit.py),
+    hinted with it: SolverMismatch when a proven CP-SAT optimum has another bottleneck. The test's split
+    is kept (CP-SAT returns any split of the least bottleneck; the test's has its other stages even)."""
     from trnopt.optimizer.search.cpsat import SolverMismatch  # OR-Tools: imported when a layout is solved
     solved = best_split(data, deterministic_limit=deterministic_s, hint=least[1])
     if solved.status == "OPTIMAL" and solved.bottleneck != least[0]:
         raise SolverMismatch(f"the split search's optimum {solved.bottleneck} ns differs from the monotone "
                              f"test's {least[0]} ns")
-    return solved.layers if solved.layers is not None and solved.bottleneck <= least[0] else least[1]
+    return least[1]

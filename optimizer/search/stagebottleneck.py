@@ -10,7 +10,8 @@ t_s <= B and within the capacity. Then
 (=>) each x_s <= cap_s(B) and sum x_s = L. (<=) lower the caps, never below one layer, until they
 add up to L: every stage's time and bytes only fall. The test is monotone in B, and the least
 bottleneck is one stage's time at some x, so a binary search over the sorted values
-{t_s(x) : s, 1 <= x <= L} finds it exactly in O(p log L) tests: the same optimum as the CP-SAT
+{t_s(x) : s, 1 <= x <= L} finds it exactly in O(p log L) tests (the split returned lowers the
+longest stage first, so that among the splits with that bottleneck it is an even one): the same optimum as the CP-SAT
 model (search/stagesplit.py) and the enumeration (search/stageenum.py), which the tests check. It
 is what the joint search (search/jointsplit.py) screens each candidate layout with; the layouts that
 would beat its incumbent are then solved by CP-SAT.
@@ -54,18 +55,20 @@ def least_bottleneck(data: SplitData) -> tuple[int, tuple[int, ...]] | None:
             hi = mid
         else:
             lo = mid + 1
-    return int(values[lo]), _lower_to(caps(int(values[lo])), L)
+    return int(values[lo]), _lower_to(caps(int(values[lo])), L, lambda s, x: int(work[x - 1] - offset[s]))
 
 
 def _feasible(cap: np.ndarray, layers: int) -> bool:
     return bool(cap.min() >= 1 and cap.sum() >= layers)
 
 
-def _lower_to(cap: np.ndarray, layers: int) -> tuple[int, ...]:
-    """The caps lowered, last stage first and never below one layer, until they add up to ``layers``."""
+def _lower_to(cap: np.ndarray, layers: int, seconds) -> tuple[int, ...]:
+    """The caps lowered one layer at a time until they add up to ``layers``, each time on the stage that
+    takes the longest (``seconds(s, x)``; on a tie the earlier stage, which holds more micro-batches in
+    flight under 1F1B) and holds more than one: the bottleneck stays, and the other stages come out as
+    even as the caps let them."""
     split, extra = [int(c) for c in cap], int(cap.sum()) - layers
-    for s in reversed(range(len(split))):
-        take = min(extra, split[s] - 1)
-        split[s] -= take
-        extra -= take
+    for _ in range(extra):
+        s = max((s for s in range(len(split)) if split[s] > 1), key=lambda s: (seconds(s, split[s]), -s))
+        split[s] -= 1
     return tuple(split)
