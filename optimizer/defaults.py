@@ -33,4 +33,6 @@ FITS_DETERMINISTIC_S = 10.0    # deterministic seconds to decide whether some la
 MEMORY_DETERMINISTIC_S = 10.0  # deterministic seconds for the least memory per chip of one LNC's space
 STAGE_SPLIT_DETERMINISTIC_S = 5.0  # deterministic seconds to find and prove one layout's best uneven split
 STAGE_SPLIT_TIME_LIMIT_S = 30.0    # its wall-clock safety stop (reported when it binds)
+JOINT_POINTS = 100_000_000   # points the joint layout-and-split search scores in NumPy (search/jointsplit.py)
+JOINT_LAYOUTS = 20_000       # layouts whose per-stage costs it computes (about 3 ms each)
 MOE_ROUTING_IMBALANCE = 1.0  # tokens of the busiest expert / the mean, for dropless routing: balanced (see Moe)

@@ -179,6 +179,8 @@ def solve_text(result: SearchResult, no_overlap: NoOverlapAnswer | None = None) 
     out += with_overlap_source(evaluation_lines(e, p.target), e, p)
     if result.uneven_stages:
         out.append(f"uneven stages: {result.uneven_stages['note']}")
+        if joint := result.uneven_stages.get("joint"):
+            out.append(f"  layout and split together: {joint_text(joint)}")
         for r in result.uneven_stages.get("runners_up", ()):
             out.append(f"  runner-up {r['layout']}: layers {','.join(map(str, r['layers']))}, {r['step_s']:.3f} s "
                        f"against {r['even_step_s']:.3f} s even" + (" - faster than the answer: evaluate it with "
@@ -264,3 +266,18 @@ def solve_dict(result: SearchResult, problem_info: dict, no_overlap: NoOverlapAn
         **({"no_overlap": no_overlap_dict(no_overlap)} if no_overlap is not None else {}),
         **({"uneven_stages": result.uneven_stages} if result.uneven_stages else {}),
     }
+
+
+def joint_text(joint: dict) -> str:
+    """One line of the joint layout-and-split search (search/jointsplit.py): proven, or its gap."""
+    if joint["status"] == "NOT_SEARCHED":
+        return joint["note"]
+    what = (f"{joint['layouts_split']} layouts split exactly of {joint['candidates']} whose floor could beat the "
+            f"best, {joint['cpsat_solves']} CP-SAT split solves")
+    best = ("the answer" if joint["answer"] else
+            f"{joint['layout']}, layers {','.join(map(str, joint['stage_layers'])) or 'even'}, {joint['step_s']:.3f} s "
+            "(the answer is within the uncertainty of it)")
+    if joint["status"] == "OPTIMAL":
+        return f"{best}, proven optimal over {joint['scope']} ({what})"
+    return (f"{best}, gap {100 * joint['gap']:.2f}% against {joint['bound_s']:.3f} s "
+            f"({joint.get('stopped_by') or joint.get('note', 'unproven')}; {what})")

@@ -28,7 +28,8 @@ from trnopt.optimizer.search.domains import (MAX_DOMAINS, domain_flag, fewest_do
 from trnopt.optimizer.search.clock import clock
 from trnopt.optimizer.search.driver import solve
 from trnopt.optimizer.search.partial import on_candidate, solve_partial
-from trnopt.optimizer.search.stagesplit import split_layout, split_runners_up
+from trnopt.optimizer.search.jointsplit import uneven_answer
+from trnopt.optimizer.search.stagesplit import split_runners_up
 
 
 def register(sub) -> None:
@@ -53,9 +54,10 @@ def register(sub) -> None:
     p.add_argument("--top", type=ascii_int, default=defaults.TOP,
                    help=f"runner-up layouts to show (default {defaults.TOP})")
     p.add_argument("--uneven-stages", action="store_true",
-                   help="give the chosen layout's pipeline stages the layer counts that minimise its step (CP-SAT, "
-                        "proven against every split): lighter stages where the embedding, the output layer or the "
-                        "activations in flight weigh (default: even stages)")
+                   help="let every layout's pipeline stages take the layer counts that minimise its step (lighter "
+                        "stages where the output layer or the activations in flight weigh) and answer the best "
+                        "layout and split together, proven over every layout whose even split fits (default: "
+                        "even stages)")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, torchtitan (job config TOML and overrides), nxd (NxD Training "
                         "YAML keys) or env (launch environment lines)")
@@ -143,7 +145,7 @@ def left_too_small(names: str, problem: Problem, exc: InfeasibleError) -> Infeas
 def answer(args: argparse.Namespace, result, framework: FrameworkProfile) -> int:
     """The report, the files and the exports of a search's result (on the machine it searched)."""
     if args.uneven_stages:
-        result.best, result.uneven_stages = split_layout(result.problem, result.best)
+        uneven_answer(result)
         if runners := split_runners_up(result.problem, result.best, result.runners_up):
             result.uneven_stages["runners_up"] = runners
     problem, target, workload = result.problem, result.problem.target, result.problem.workload

@@ -79,6 +79,8 @@ class SearchResult:
     stopped: str = ""  # what ended the search before its proof: "work" (a budget: the same answer on any
                        # machine) or "time" (the --time-limit safety stop: the answer may differ elsewhere)
     uneven_stages: dict | None = None  # --uneven-stages: what the split search found (search/stagesplit.split_layout)
+    bounds: dict = field(default_factory=dict)  # LNC -> the branch and bound's SpaceBounds (their cached floors:
+                                                # the joint layout-and-split search, search/jointsplit.py)
 
 
 def solve_space(space: Space, time_limit: float = defaults.TIME_LIMIT_S, workers: int = defaults.WORKERS,
@@ -279,7 +281,7 @@ def solve(problem: Problem, time_limit: float = defaults.TIME_LIMIT_S, workers: 
                         clock() - start, sum(s.size() for s in spaces), runners,
                         alternatives(problem, chosen), runners_up_cut=found.runners_up_cut,
                         fastest=fastest, uncertainty=uncertainty, robust_skipped=robust_skipped,
-                        search_seconds=searched, stopped=stopped)
+                        search_seconds=searched, stopped=stopped, bounds=found.bounds)
 
 
 def robust_choice(problem: Problem, fastest: Evaluation, uncertainty: float, seed: int,

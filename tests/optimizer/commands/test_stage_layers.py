@@ -75,3 +75,15 @@ def test_solve_refuses_uneven_stages_for_nxd(capsys):
                        "--framework", "nxd", "--uneven-stages")
     assert code == 2 and err.startswith("trnopt: error: --uneven-stages: ") and "pipeline_cuts" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_solve_answers_the_best_layout_and_split_together(capsys, tmp_path):
+    path = tmp_path / "answer.json"
+    code, out, _ = run(capsys, "solve", "--target", "trn2", "--model", "llama3-8b", "--instances", "1",
+                       "--uneven-stages", "--uncertainty", "0", "--json", path)
+    assert code == 0
+    joint = json.loads(path.read_text())["uneven_stages"]["joint"]
+    assert joint["status"] == "OPTIMAL" and joint["gap"] == 0.0 and joint["answer"]
+    assert joint["layouts_split"] > 0 and "even split fits" in joint["scope"]
+    line = next(x for x in out.splitlines() if x.startswith("  layout and split together: "))
+    assert "proven optimal" in line and f"{joint['layouts_split']} layouts split exactly" in line
