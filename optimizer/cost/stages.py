@@ -36,14 +36,15 @@ import math
 from dataclasses import dataclass, replace
 from collections.abc import Mapping
 
+from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.compute import head_seconds
 from trnopt.optimizer.cost.memory import (FRAGMENTATION_DIVISOR, Memory, activation_bytes_per_layer, logits_bytes,
-                                          memory_per_chip, recompute_working_set, usable_hbm)
+                                          memory_per_chip, memory_terms, recompute_working_set, usable_hbm)
 from trnopt.optimizer.cost.pipeline import bubble_den, bubble_num
 from trnopt.optimizer.cost.steptime import StepTime, step_time
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout, every_nth
-from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
 WORK = ("compute", "tp", "cp", "ep", "pp_send")  # StepTime's terms that make up one stage's work W
@@ -227,3 +228,45 @@ def split_memory(costs: StageCosts, split) -> Memory:
     acts = costs.act_fixed[s] + x * costs.act_layer[s]
     raw = weights + grads + opt + acts + costs.gathered
     return Memory(weights, grads, opt, acts, costs.gathered, raw / FRAGMENTATION_DIVISOR, costs.reserve)
+
+
+def split_memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...],
+                       even: dict[str, f.Expr] | None = None) -> dict[str, f.Expr]:
+    """A floor on the fullest stage's bytes per chip over EVERY split of a layout's layers, as trees of
+    factors by Memory kind (cost/memory.py ``memory_terms``; ``even``: those trees, whose state kinds are
+    reused): a layout none of whose splits fits the usable HBM has this floor above it, so the joint
+    search (search/jointsplit.py) may drop by it a layout whose even split does not fit.
+
+    Claim: for a layout of p stages (one a rank) and any split x (x_s >= 1, sum_s x_s = L),
+        max_s bytes_s >= (1 + 1/D) (S + G + w + (A L + g) / p) + R,
+    S the layout's state per chip (weights, gradients, optimizer: the even memory's state kinds),
+    G the ZeRO-3 buffers, w a recomputed layer's working set, A = A(recompute, tp, cp) b c a layer's
+    activations of one micro-batch, g = the FP32 logits b c, R the reserve, D the fragmentation divisor.
+    Proof, with ``stage_bytes``' per-stage memory: raw_s = state_s + x_s A i_s + w + [s = p - 1] g + G,
+    i_s >= 1 the micro-batches stage s holds in flight (``in_flight``: min(m, p - s) or m). The state
+    trees are affine in the layer count (parameters = embedding and head + L per layer), so the
+    stages' state, the fixed part where it sits and x_s layers each, adds up to p S: the even memory
+    spreads the same total over p stages. Hence
+        sum_s raw_s = p (S + w + G) + g + A sum_s x_s i_s >= p (S + w + G) + g + A L,
+    and the fullest stage holds at least the mean; bytes_s = (1 + 1/D) raw_s + R grows with raw_s.
+    The floor is at most the even memory (its activations max(A ceil(L / p) min(m, p), A ceil(L / p) + g)
+    + w are at least (A L + g) / p + w), so it drops no layout the even rule keeps; with p = 1 the two
+    agree. It assumes one stage a rank: an interleaved layout cannot be split and keeps the even rule.
+    """
+    mdl = workload.model
+    c = axes[0].size
+    even = even if even is not None else memory_terms(workload, target, axes)
+    b = f.decision("micro_batch")
+    per_layer = f.table(("recompute", "tp", "cp"),
+                        lambda rc, tp, cp: activation_bytes_per_layer(workload, tp, cp, 1, rc), "activations_per_layer")
+    logits = f.table(("tp", "cp"), lambda tp, cp: logits_bytes(workload, tp, cp, 1), "logits")
+    working = f.table(("recompute", "tp", "cp"),
+                      lambda rc, tp, cp: recompute_working_set(workload, tp, cp, 1, rc), "recompute_working_set")
+    mean = f.ratio(f.add(f.prod(per_layer, b, coef=c * mdl.layers), f.prod(logits, b, coef=c)), f.decision("pp"),
+                   name="mean_stage_activations")
+    activations = f.add(mean, f.prod(working, b, coef=c), name="split_activations")
+    kinds = {k: even[k] for k in ("weights", "gradients", "optimizer", "gathered")}
+    kinds["activations"] = activations
+    kinds["fragmentation"] = f.ratio(f.add(*kinds.values()), FRAGMENTATION_DIVISOR, name="split_fragmentation")
+    kinds["reserve"] = even["reserve"]
+    return kinds
