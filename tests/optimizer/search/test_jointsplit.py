@@ -181,3 +181,34 @@ def test_a_spent_budget_reports_the_gap():
     assert not spent.proven and spent.stopped == "work" and 0 < spent.gap < 1 and spent.bound < spent.step
     full = joint_optimum(problem, chosen, problem.score(result.best))
     assert full.proven and full.step < chosen.step.total and full.step >= spent.bound
+
+
+def test_the_floor_over_every_split_in_numpy_is_the_trees_and_below_the_even_memory():
+    """SpaceBounds with ``split``: each point's floor over every split (cost/stages.py ``split_memory_terms``,
+    scored in NumPy) is the tree's value at that point's layout and never above its even memory; the degree
+    tuples the even rule keeps, the split rule keeps too, and some points only the split rule keeps."""
+    import numpy as np
+    from trnopt.optimizer.cost import factors as f
+    from trnopt.optimizer.search.spacebounds import SpaceBounds
+    problem = _case(4, 8, 0.6, 9)
+    bounds = SpaceBounds(Space(problem, 1))
+    terms = stages.split_memory_terms(problem.workload, problem.target, bounds.space.axes)
+    even = {tuple(b.degrees.values()) for b in bounds.branches()}
+    relaxed = bounds.branches(split=True)
+    assert even <= {tuple(b.degrees.values()) for b in relaxed}
+    checked = only_split = 0
+    for branch in relaxed:
+        bounds.refine(branch, float("inf"), split=True)
+        if not branch.plans:
+            continue
+        (placements, plans, sizes, inters, hsdps), chunks = bounds.points(branch, split=True)
+        for grid, _, _, memory, rules, any_split in chunks:
+            assert np.all(any_split <= memory * (1 + 1e-12))
+            only_split += int(np.sum(rules & (any_split <= bounds.usable) & (memory > bounds.usable)))
+            for k in np.flatnonzero(rules)[:3]:
+                i, plan, size, inter, on = (int(g[k]) for g in grid)
+                layout = bounds.layout(branch.degrees, placements[i], plans[plan], sizes[size], inters[inter], hsdps[on])
+                point = f.decisions(layout, problem.workload)
+                assert any_split[k] == pytest.approx(sum(t.value(point) for t in terms.values()), rel=1e-9)
+                checked += 1
+    assert checked > 0 and only_split > 0  # points the split rule keeps and the even rule drops
