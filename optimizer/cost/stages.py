@@ -208,7 +208,7 @@ def stage_bytes(workload: Workload, layout: Layout, target: Target) -> tuple:
     # the state trees spread a model's state over p stages: p (K(2) - K(1)) a layer, p (2 K(1) - K(2)) the rest
     state_layer = tuple(p * (getattr(two, k) - getattr(one, k)) for k in STATE)
     other = tuple(p * (2 * getattr(one, k) - getattr(two, k)) for k in STATE)
-    first_share = (mdl.vocab + mdl.learned_positions) * mdl.hidden / mdl.embedding_params()
+    first_share = embedding_share(mdl)
     shares = [(first_share if s == 0 else 0.0) + (1 - first_share if s == p - 1 else 0.0) for s in range(p)]
     act = activation_bytes_per_layer(workload, tp, cp, 1, rc) * b * c
     m = layout.micro_batches(workload)
@@ -218,6 +218,12 @@ def stage_bytes(workload: Workload, layout: Layout, target: Target) -> tuple:
             tuple(act * in_flight(layout.pipeline_schedule, m, p, s) for s in range(p)),
             tuple(working + (logits if s == p - 1 else 0.0) for s in range(p)),
             memory_per_chip(workload, layout, target).gathered)
+
+
+def embedding_share(mdl) -> float:
+    """The share of the non-layer parameters on the first stage (the embedding and learned positions); the
+    rest (the output head, when untied, and the final norm) is on the last."""
+    return (mdl.vocab + mdl.learned_positions) * mdl.hidden / mdl.embedding_params()
 
 
 def split_memory(costs: StageCosts, split) -> Memory:
@@ -270,3 +276,58 @@ def split_memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...
     kinds["fragmentation"] = f.ratio(f.add(*kinds.values()), FRAGMENTATION_DIVISOR, name="split_fragmentation")
     kinds["reserve"] = even["reserve"]
     return kinds
+
+
+def split_memory_parts(workload: Workload, target: Target, axes: tuple[Axis, ...],
+                       even: dict[str, f.Expr]) -> dict[str, f.Expr]:
+    """Trees of the parts of ``stage_bytes`` at a point, for ``fits_some_split`` in NumPy: the state per chip
+    of the model (``state``, the even memory's kinds) and of its 1-layer version (``state_one``), a layer's
+    activations of one micro-batch (``activation``, A), a recomputed layer's working set, the FP32 logits and
+    the ZeRO-3 buffers, bytes per chip."""
+    mdl = workload.model
+    c = axes[0].size
+    one = memory_terms(replace(workload, model=replace(mdl, layers=1)), target, axes)
+    b = f.decision("micro_batch")
+    return {
+        "state": f.add(*(even[k] for k in STATE)), "state_one": f.add(*(one[k] for k in STATE)),
+        "activation": f.prod(f.table(("recompute", "tp", "cp"), lambda rc, tp, cp: activation_bytes_per_layer(
+            workload, tp, cp, 1, rc), "activations_per_layer"), b, coef=c),
+        "working": f.prod(f.table(("recompute", "tp", "cp"), lambda rc, tp, cp: recompute_working_set(
+            workload, tp, cp, 1, rc), "recompute_working_set"), b, coef=c),
+        "logits": f.prod(f.table(("tp", "cp"), lambda tp, cp: logits_bytes(workload, tp, cp, 1), "logits"), b, coef=c),
+        "gathered": even["gathered"]}
+
+
+def fits_some_split(parts: Mapping[str, "np.ndarray"], mdl, pp: int, micro_batches, usable: float,
+                    reserve: float, slack: float = 1e-9):
+    """Whether some split of each point's layers may fit the usable HBM under 1F1B (bool array), from
+    ``split_memory_parts``' arrays and the points' micro-batch counts m: the per-stage memory of
+    ``stage_bytes`` and the test of search/stagebottleneck.py at an unbounded bottleneck.
+
+    Stage s of a split holds (1 + 1/D)(F_s + x_s B_s) + R bytes, with B_s = pΔ + A min(m, p - s) and
+    F_s = p (S_1 - Δ) e_s + w + [s = p - 1] g + G, where S is the state per chip of the L-layer model and S_1
+    of the 1-layer one: the state trees are affine in the layer count, so one layer adds Δ = (S - S_1)/(L - 1)
+    a chip and p Δ on its stage, and the non-layer state p (S_1 - Δ) sits on the end stages by their shares
+    e_s (``stage_bytes``). The most layers stage s can hold is c_s = floor(((U - R)/(1 + 1/D) - F_s) / B_s),
+    and some split fits iff every c_s >= 1 and sum_s min(c_s, L) >= L (=>: x_s <= c_s, sum x_s = L; <=: lower
+    the caps, never below one, until they add up to L; bytes only fall). ``slack`` (relative) rounds each
+    c_s up past float noise, so the test never says no where the exact one (search/stagebottleneck.py) says
+    yes: it may let a point through that the exact test then drops."""
+    import numpy as np
+    L = mdl.layers
+    grow = 1 + 1 / FRAGMENTATION_DIVISOR
+    delta = (parts["state"] - parts["state_one"]) / (L - 1)
+    other = pp * (parts["state_one"] - delta)
+    first = embedding_share(mdl)
+    room = (usable - reserve) / grow
+    m = np.asarray(micro_batches)
+    total = np.zeros(np.shape(m), dtype=np.int64)
+    ok = np.ones(np.shape(m), dtype=bool)
+    for s in range(pp):
+        share = (first if s == 0 else 0.0) + (1 - first if s == pp - 1 else 0.0)
+        fixed = other * share + parts["working"] + parts["gathered"] + (parts["logits"] if s == pp - 1 else 0.0)
+        per_layer = pp * delta + parts["activation"] * np.minimum(m, pp - s)
+        cap = np.floor((room - fixed) / per_layer * (1 + slack) + slack)
+        ok &= cap >= 1
+        total += np.clip(cap, 0, L).astype(np.int64)
+    return ok & (total >= L)

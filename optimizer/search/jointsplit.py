@@ -39,8 +39,12 @@ layout that can be split, degree tuples, plans and points are dropped only by a 
 fullest stage over EVERY split (cost/stages.py ``split_memory_terms``: the stages' bytes add up
 to p times the layout's state, buffers and working set plus at least L layers' activations of
 one micro-batch and the logits, and the fullest stage holds at least the mean), which never
-drops a layout with a fitting split; ``least_bottleneck`` then decides exactly whether a split
-fits and its least step. A layout that cannot be split keeps the even rule (it runs as it is).
+drops a layout with a fitting split. Each point the floor keeps and the even rule drops is then
+screened in NumPy by the per-stage memory itself (cost/stages.py ``fits_some_split``: every
+stage holds a layer and the stages' layer capacities add up to L, the test of
+search/stagebottleneck.py with no bound on the step, rounded in the point's favour), and
+``least_bottleneck`` decides exactly whether a split fits and its least step. A layout that
+cannot be split keeps the even rule (it runs as it is).
 
 Scope: every layout of the space on every split of its layers (``JointResult.scope``). The
 joint search starts from the branch and bound's answer with even stages: when no layout's
@@ -62,7 +66,7 @@ from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.compute import head_seconds
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.pipeline import bubble_den, bubble_num
-from trnopt.optimizer.cost.stages import split_problem, stage_costs
+from trnopt.optimizer.cost.stages import fits_some_split, split_problem, stage_costs
 from trnopt.optimizer.model.schedules import default_schedule
 from trnopt.optimizer.search.spacebounds import SLACK, SpaceBounds
 from trnopt.optimizer.search.space import Space
@@ -137,6 +141,7 @@ def joint_optimum(problem, incumbent: Evaluation | None, even_optimum: float, bu
     limit = result.step * (1 + SLACK)
     # layouts that cannot be split count at their even step: none is below the even optimum
     even_too = limit > even_optimum * (1 + SLACK)
+    reserve = problem.target.runtime_reserve_bytes
     found = []  # (floor, order, bounds, degrees, the point's value lists, the point)
     unsettled = math.inf  # the least floor of a degree tuple the points budget left unscored
     for lnc in sorted(problem.lnc_values):
@@ -168,14 +173,21 @@ def joint_optimum(problem, incumbent: Evaluation | None, even_optimum: float, bu
                 unsettled, result.stopped = min(unsettled, branch.floor - most), "work"
                 continue
             values, chunks = scored
+            counts = np.array([batch // (dp * b) for b in values[2]])  # micro-batches of each size
             interleaved = np.array(values[3]) > 1
             for grid, step, _, memory, rules, any_split in chunks:
                 result.points += grid.shape[1]
                 # interleaved stages cannot be split: their floor is their step, their memory the even split's
                 floor = step - np.where(interleaved[grid[3]], 0.0, gains[grid[2]])
                 fits = memory <= bounds.usable
-                if splittable and d["pp"] > 1:  # some split may fit: the exact test below decides
-                    fits |= ~interleaved[grid[3]] & (any_split <= bounds.usable)
+                if splittable and d["pp"] > 1:  # some split may fit: the floor over every split, then the stages'
+                    maybe = rules & ~fits & ~interleaved[grid[3]] & (any_split["floor"] <= bounds.usable) & (
+                        floor < limit)
+                    if maybe.any():
+                        at = np.flatnonzero(maybe)
+                        maybe[at] = fits_some_split({k: v[at] for k, v in any_split.items()}, mdl, d["pp"],
+                                                    counts[grid[2][at]], bounds.usable, reserve)
+                    fits |= maybe
                 keep = rules & fits & (floor < limit)
                 for k in np.flatnonzero(keep):
                     found.append((float(floor[k]), len(found), bounds, d, values, tuple(int(g[k]) for g in grid)))

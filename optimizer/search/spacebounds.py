@@ -113,10 +113,19 @@ class SpaceBounds:
     def split_memories(self) -> dict:
         """The memory floor over every split of a layout's layers (cost/stages.py ``split_memory_terms``),
         built on first use: the joint search's memory rule (``split=True`` below)."""
+        return self._split_trees()[0]
+
+    @property
+    def split_parts(self) -> dict:
+        """The per-stage memory's parts at a point (cost/stages.py ``split_memory_parts``), built on first use."""
+        return self._split_trees()[1]
+
+    def _split_trees(self) -> tuple[dict, dict]:
         if self._split_memories is None:
-            from trnopt.optimizer.cost.stages import split_memory_terms
+            from trnopt.optimizer.cost.stages import split_memory_parts, split_memory_terms
             p = self.problem
-            self._split_memories = split_memory_terms(p.workload, p.target, self.space.axes, self.memories)
+            self._split_memories = (split_memory_terms(p.workload, p.target, self.space.axes, self.memories),
+                                    split_memory_parts(p.workload, p.target, self.space.axes, self.memories))
         return self._split_memories
 
     def _memory_rule(self, split: bool) -> dict:
@@ -301,7 +310,8 @@ class SpaceBounds:
         HSDP), scored in NumPy chunks: None past ``most`` points or MAX_PLACEMENTS placements,
         else (the decisions' value lists, a generator of chunks). A chunk is (each point's
         position in those lists, step time lo and hi, memory, whether it keeps the rules, and
-        with ``split`` the memory floor over every split of its layers, else None)."""
+        with ``split`` a dict of arrays: ``floor``, the memory floor over every split of its layers,
+        and the per-stage memory's parts (``split_parts``); else None)."""
         most = MAX_POINTS if most is None else most
         base = self.ranges(branch.degrees)
         plans = list(branch.plans)
@@ -339,6 +349,7 @@ class SpaceBounds:
         steps = [self.steps[name] for name in TERMS if name != "tp_raw"]
         memories = list(self.memories.values())
         split_memories = list(self.split_memories.values()) if split else []
+        parts = self.split_parts if split else {}
         chunk = max(1, CHUNK_POINTS // per_placement)
         for start in range(0, len(placements), chunk):
             n = min(chunk, len(placements) - start)
@@ -346,13 +357,17 @@ class SpaceBounds:
             index = {key: rows[start:start + n][grid[0]] for key, rows in row_index.items()}
             index.update(recompute=plan_rc[grid[1]], zero=plan_zero[grid[1]], micro_batch=grid[2],
                          micro_batches=grid[2], interleave=grid[3], hsdp=grid[4])
-            values = self.points_bounder.intervals(steps + memories + split_memories, lists, ranged, index, tags)
+            values = self.points_bounder.intervals(steps + memories + split_memories + list(parts.values()), lists,
+                                                   ranged, index, tags)
             step = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[:len(steps)])
             high = step if all(lo is hi for lo, hi in values[:len(steps)]) else \
                 sum(np.broadcast_to(hi, grid[0].shape) for _, hi in values[:len(steps)])
             at = len(steps) + len(memories)
             memory = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[len(steps):at])
-            any_split = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[at:]) if split else None
+            ends = at + len(split_memories)
+            any_split = None if not split else {
+                "floor": sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[at:ends]),
+                **{k: np.broadcast_to(lo, grid[0].shape) for k, (lo, _) in zip(parts, values[ends:])}}
             # interleaved 1F1B runs the micro-batches in groups of pp
             rules = (np.array(interleaves)[grid[3]] == 1) | (counts[grid[2]] % pp == 0)
             rules &= ~np.array(hsdps)[grid[4]] | (sharded[grid[1]] & replicable[start + grid[0]])

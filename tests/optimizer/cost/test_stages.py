@@ -111,3 +111,29 @@ def test_the_floor_over_every_split_is_the_stages_mean_less_the_extra_micro_batc
         extra = one * sum(x * (i - 1) for x, i in zip(split, held))
         assert sum(raw) - extra == pytest.approx(pp * (floor - costs.reserve) / grow, rel=1e-9)
         assert max(costs.stage_bytes(split)) >= floor * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("model,tp,pp,recompute,schedule", [c for c in CASES if c[4] != "GPipe"])
+def test_the_numpy_screen_says_a_split_fits_exactly_when_one_does(model, tp, pp, recompute, schedule):
+    """fits_some_split, on split_memory_parts' values at the layout, against the exact split test on
+    stage_costs' per-stage memory, at usable HBM sizes around the least that fits some split."""
+    import numpy as np
+    from trnopt.optimizer.cost import factors as f
+    from trnopt.optimizer.cost.memory import memory_terms
+    from trnopt.optimizer.search.stagebottleneck import least_bottleneck
+    from trnopt.optimizer.search.stagesplit import SplitData
+    problem, layout = piped(model, tp, pp, recompute, schedule=schedule)
+    w, t = problem.workload, problem.target
+    costs = stages.stage_costs(w, layout, t, problem.headroom, problem.overlap)
+    point = f.decisions(layout, w)
+    trees = stages.split_memory_parts(w, t, layout.axes, memory_terms(w, t, layout.axes))
+    parts = {k: np.array([tree.value(point)]) for k, tree in trees.items()}
+    even = max(costs.stage_bytes(costs.even_split()))
+    said = set()
+    for scale in np.linspace(0.5, 1.2, 71):
+        usable = even * scale
+        fits = least_bottleneck(SplitData.of(replace(costs, usable=usable))) is not None
+        screen = stages.fits_some_split(parts, w.model, pp, [layout.micro_batches(w)], usable, costs.reserve)
+        assert bool(screen[0]) == fits, scale
+        said.add(fits)
+    assert said == {True, False}

@@ -183,10 +183,12 @@ def test_a_spent_budget_reports_the_gap():
     assert full.proven and full.step < chosen.step.total and full.step >= spent.bound
 
 
-def test_the_floor_over_every_split_in_numpy_is_the_trees_and_below_the_even_memory():
-    """SpaceBounds with ``split``: each point's floor over every split (cost/stages.py ``split_memory_terms``,
-    scored in NumPy) is the tree's value at that point's layout and never above its even memory; the degree
-    tuples the even rule keeps, the split rule keeps too, and some points only the split rule keeps."""
+def test_the_memory_screens_over_every_split_in_numpy_agree_with_the_cost_model():
+    """SpaceBounds with ``split``, on every point of a small space: the floor over every split (cost/stages.py
+    ``split_memory_terms``, scored in NumPy) is the tree's value at that point's layout and never above its
+    even memory; ``fits_some_split`` on the per-stage parts says yes exactly where the exact split test on
+    the cost model's per-stage memory (``least_bottleneck``) finds a split that fits; the degree tuples the
+    even rule keeps, the split rule keeps too, and some points only the split rule keeps."""
     import numpy as np
     from trnopt.optimizer.cost import factors as f
     from trnopt.optimizer.search.spacebounds import SpaceBounds
@@ -196,19 +198,28 @@ def test_the_floor_over_every_split_in_numpy_is_the_trees_and_below_the_even_mem
     even = {tuple(b.degrees.values()) for b in bounds.branches()}
     relaxed = bounds.branches(split=True)
     assert even <= {tuple(b.degrees.values()) for b in relaxed}
-    checked = only_split = 0
+    said, only_split = set(), 0
     for branch in relaxed:
         bounds.refine(branch, float("inf"), split=True)
         if not branch.plans:
             continue
         (placements, plans, sizes, inters, hsdps), chunks = bounds.points(branch, split=True)
-        for grid, _, _, memory, rules, any_split in chunks:
-            assert np.all(any_split <= memory * (1 + 1e-12))
-            only_split += int(np.sum(rules & (any_split <= bounds.usable) & (memory > bounds.usable)))
-            for k in np.flatnonzero(rules)[:3]:
+        pp, dp = branch.degrees["pp"], branch.degrees["ep"] * branch.degrees["edp"]
+        for grid, _, _, memory, rules, parts in chunks:
+            assert np.all(parts["floor"] <= memory * (1 + 1e-12))
+            counts = np.array([problem.workload.training.global_batch // (dp * b) for b in sizes])[grid[2]]
+            screen = stages.fits_some_split(parts, problem.workload.model, pp, counts, bounds.usable,
+                                            problem.target.runtime_reserve_bytes)
+            only_split += int(np.sum(rules & (parts["floor"] <= bounds.usable) & (memory > bounds.usable)))
+            for k in np.flatnonzero(rules):
                 i, plan, size, inter, on = (int(g[k]) for g in grid)
                 layout = bounds.layout(branch.degrees, placements[i], plans[plan], sizes[size], inters[inter], hsdps[on])
                 point = f.decisions(layout, problem.workload)
-                assert any_split[k] == pytest.approx(sum(t.value(point) for t in terms.values()), rel=1e-9)
-                checked += 1
-    assert checked > 0 and only_split > 0  # points the split rule keeps and the even rule drops
+                assert parts["floor"][k] == pytest.approx(sum(t.value(point) for t in terms.values()), rel=1e-9)
+                if pp > 1 and layout.interleave == 1:
+                    costs = stages.stage_costs(problem.workload, layout, problem.target, problem.headroom,
+                                               problem.overlap)
+                    fits = least_bottleneck(SplitData.of(costs)) is not None
+                    assert bool(screen[k]) == fits
+                    said.add(fits)
+    assert said == {True, False} and only_split > 0
