@@ -244,7 +244,7 @@ def uneven_answer(result) -> None:
     member = info["status"] in ("NO_PIPELINE", "UNSUPPORTED") or "layers" in info
     joint = joint_optimum(problem, chosen if member else None, problem.score(fastest), bounds_by_lnc=result.bounds)
     if joint is None or joint.best is None:
-        info["joint"] = {"status": "INFEASIBLE", "note": f"no layout of {SCOPE} fits on a split of its layers "
+        info["joint"] = {"status": "INFEASIBLE", "note": "no layout of the space fits on any split of its layers "
                                                          "(the per-stage memory)", "scope": SCOPE}
         return
     even_bound = (1 - result.gap) * problem.score(fastest)
