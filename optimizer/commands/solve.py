@@ -56,8 +56,8 @@ def register(sub) -> None:
     p.add_argument("--uneven-stages", action="store_true",
                    help="let every layout's pipeline stages take the layer counts that minimise its step (lighter "
                         "stages where the output layer or the activations in flight weigh) and answer the best "
-                        "layout and split together, proven over every layout whose even split fits (default: "
-                        "even stages)")
+                        "layout and split together, proven over every layout and split, a layout whose even "
+                        "split does not fit included (default: even stages)")
     p.add_argument("--format", choices=("text", "json", *export.FORMATS), default="text",
                    help="text (default), json, torchtitan (job config TOML and overrides), nxd (NxD Training "
                         "YAML keys) or env (launch environment lines)")

@@ -36,14 +36,15 @@ import math
 from dataclasses import dataclass, replace
 from collections.abc import Mapping
 
+from trnopt.optimizer.cost import factors as f
 from trnopt.optimizer.cost.compute import head_seconds
 from trnopt.optimizer.cost.memory import (FRAGMENTATION_DIVISOR, Memory, activation_bytes_per_layer, logits_bytes,
-                                          memory_per_chip, recompute_working_set, usable_hbm)
+                                          memory_per_chip, memory_terms, recompute_working_set, usable_hbm)
 from trnopt.optimizer.cost.pipeline import bubble_den, bubble_num
 from trnopt.optimizer.cost.steptime import StepTime, step_time
 from trnopt.optimizer.errors import InputError
 from trnopt.optimizer.model.layout import Layout, every_nth
-from trnopt.optimizer.model.target import Target
+from trnopt.optimizer.model.target import Axis, Target
 from trnopt.optimizer.model.workload import Workload
 
 WORK = ("compute", "tp", "cp", "ep", "pp_send")  # StepTime's terms that make up one stage's work W
@@ -207,7 +208,7 @@ def stage_bytes(workload: Workload, layout: Layout, target: Target) -> tuple:
     # the state trees spread a model's state over p stages: p (K(2) - K(1)) a layer, p (2 K(1) - K(2)) the rest
     state_layer = tuple(p * (getattr(two, k) - getattr(one, k)) for k in STATE)
     other = tuple(p * (2 * getattr(one, k) - getattr(two, k)) for k in STATE)
-    first_share = (mdl.vocab + mdl.learned_positions) * mdl.hidden / mdl.embedding_params()
+    first_share = embedding_share(mdl)
     shares = [(first_share if s == 0 else 0.0) + (1 - first_share if s == p - 1 else 0.0) for s in range(p)]
     act = activation_bytes_per_layer(workload, tp, cp, 1, rc) * b * c
     m = layout.micro_batches(workload)
@@ -219,6 +220,12 @@ def stage_bytes(workload: Workload, layout: Layout, target: Target) -> tuple:
             memory_per_chip(workload, layout, target).gathered)
 
 
+def embedding_share(mdl) -> float:
+    """The share of the non-layer parameters on the first stage (the embedding and learned positions); the
+    rest (the output head, when untied, and the final norm) is on the last."""
+    return (mdl.vocab + mdl.learned_positions) * mdl.hidden / mdl.embedding_params()
+
+
 def split_memory(costs: StageCosts, split) -> Memory:
     """The Memory of the split's fullest stage, by kind (what a report prints for a split layout)."""
     s = max(range(len(split)), key=costs.stage_bytes(split).__getitem__)
@@ -227,3 +234,100 @@ def split_memory(costs: StageCosts, split) -> Memory:
     acts = costs.act_fixed[s] + x * costs.act_layer[s]
     raw = weights + grads + opt + acts + costs.gathered
     return Memory(weights, grads, opt, acts, costs.gathered, raw / FRAGMENTATION_DIVISOR, costs.reserve)
+
+
+def split_memory_terms(workload: Workload, target: Target, axes: tuple[Axis, ...],
+                       even: dict[str, f.Expr] | None = None) -> dict[str, f.Expr]:
+    """A floor on the fullest stage's bytes per chip over EVERY split of a layout's layers, as trees of
+    factors by Memory kind (cost/memory.py ``memory_terms``; ``even``: those trees, whose state kinds are
+    reused): a layout none of whose splits fits the usable HBM has this floor above it, so the joint
+    search (search/jointsplit.py) may drop by it a layout whose even split does not fit.
+
+    Claim: for a layout of p stages (one a rank) and any split x (x_s >= 1, sum_s x_s = L),
+        max_s bytes_s >= (1 + 1/D) (S + G + w + (A L + g) / p) + R,
+    S the layout's state per chip (weights, gradients, optimizer: the even memory's state kinds),
+    G the ZeRO-3 buffers, w a recomputed layer's working set, A = A(recompute, tp, cp) b c a layer's
+    activations of one micro-batch, g = the FP32 logits b c, R the reserve, D the fragmentation divisor.
+    Proof, with ``stage_bytes``' per-stage memory: raw_s = state_s + x_s A i_s + w + [s = p - 1] g + G,
+    i_s >= 1 the micro-batches stage s holds in flight (``in_flight``: min(m, p - s) or m). The state
+    trees are affine in the layer count (parameters = embedding and head + L per layer), so the
+    stages' state, the fixed part where it sits and x_s layers each, adds up to p S: the even memory
+    spreads the same total over p stages. Hence
+        sum_s raw_s = p (S + w + G) + g + A sum_s x_s i_s >= p (S + w + G) + g + A L,
+    and the fullest stage holds at least the mean; bytes_s = (1 + 1/D) raw_s + R grows with raw_s.
+    The floor is at most the even memory (its activations max(A ceil(L / p) min(m, p), A ceil(L / p) + g)
+    + w are at least (A L + g) / p + w), so it drops no layout the even rule keeps; with p = 1 the two
+    agree. It assumes one stage a rank: an interleaved layout cannot be split and keeps the even rule.
+    """
+    mdl = workload.model
+    c = axes[0].size
+    even = even if even is not None else memory_terms(workload, target, axes)
+    b = f.decision("micro_batch")
+    per_layer = f.table(("recompute", "tp", "cp"),
+                        lambda rc, tp, cp: activation_bytes_per_layer(workload, tp, cp, 1, rc), "activations_per_layer")
+    logits = f.table(("tp", "cp"), lambda tp, cp: logits_bytes(workload, tp, cp, 1), "logits")
+    working = f.table(("recompute", "tp", "cp"),
+                      lambda rc, tp, cp: recompute_working_set(workload, tp, cp, 1, rc), "recompute_working_set")
+    mean = f.ratio(f.add(f.prod(per_layer, b, coef=c * mdl.layers), f.prod(logits, b, coef=c)), f.decision("pp"),
+                   name="mean_stage_activations")
+    activations = f.add(mean, f.prod(working, b, coef=c), name="split_activations")
+    kinds = {k: even[k] for k in ("weights", "gradients", "optimizer", "gathered")}
+    kinds["activations"] = activations
+    kinds["fragmentation"] = f.ratio(f.add(*kinds.values()), FRAGMENTATION_DIVISOR, name="split_fragmentation")
+    kinds["reserve"] = even["reserve"]
+    return kinds
+
+
+def split_memory_parts(workload: Workload, target: Target, axes: tuple[Axis, ...],
+                       even: dict[str, f.Expr]) -> dict[str, f.Expr]:
+    """Trees of the parts of ``stage_bytes`` at a point, for ``fits_some_split`` in NumPy: the state per chip
+    of the model (``state``, the even memory's kinds) and of its 1-layer version (``state_one``), a layer's
+    activations of one micro-batch (``activation``, A), a recomputed layer's working set, the FP32 logits and
+    the ZeRO-3 buffers, bytes per chip."""
+    mdl = workload.model
+    c = axes[0].size
+    one = memory_terms(replace(workload, model=replace(mdl, layers=1)), target, axes)
+    b = f.decision("micro_batch")
+    return {
+        "state": f.add(*(even[k] for k in STATE)), "state_one": f.add(*(one[k] for k in STATE)),
+        "activation": f.prod(f.table(("recompute", "tp", "cp"), lambda rc, tp, cp: activation_bytes_per_layer(
+            workload, tp, cp, 1, rc), "activations_per_layer"), b, coef=c),
+        "working": f.prod(f.table(("recompute", "tp", "cp"), lambda rc, tp, cp: recompute_working_set(
+            workload, tp, cp, 1, rc), "recompute_working_set"), b, coef=c),
+        "logits": f.prod(f.table(("tp", "cp"), lambda tp, cp: logits_bytes(workload, tp, cp, 1), "logits"), b, coef=c),
+        "gathered": even["gathered"]}
+
+
+def fits_some_split(parts: Mapping[str, "np.ndarray"], mdl, pp: int, micro_batches, usable: float,
+                    reserve: float, slack: float = 1e-9):
+    """Whether some split of each point's layers may fit the usable HBM under 1F1B (bool array), from
+    ``split_memory_parts``' arrays and the points' micro-batch counts m: the per-stage memory of
+    ``stage_bytes`` and the test of search/stagebottleneck.py at an unbounded bottleneck.
+
+    Stage s of a split holds (1 + 1/D)(F_s + x_s B_s) + R bytes, with B_s = pΔ + A min(m, p - s) and
+    F_s = p (S_1 - Δ) e_s + w + [s = p - 1] g + G, where S is the state per chip of the L-layer model and S_1
+    of the 1-layer one: the state trees are affine in the layer count, so one layer adds Δ = (S - S_1)/(L - 1)
+    a chip and p Δ on its stage, and the non-layer state p (S_1 - Δ) sits on the end stages by their shares
+    e_s (``stage_bytes``). The most layers stage s can hold is c_s = floor(((U - R)/(1 + 1/D) - F_s) / B_s),
+    and some split fits iff every c_s >= 1 and sum_s min(c_s, L) >= L (=>: x_s <= c_s, sum x_s = L; <=: lower
+    the caps, never below one, until they add up to L; bytes only fall). ``slack`` (relative) rounds each
+    c_s up past float noise, so the test never says no where the exact one (search/stagebottleneck.py) says
+    yes: it may let a point through that the exact test then drops."""
+    import numpy as np
+    L = mdl.layers
+    grow = 1 + 1 / FRAGMENTATION_DIVISOR
+    delta = (parts["state"] - parts["state_one"]) / (L - 1)
+    other = pp * (parts["state_one"] - delta)
+    first = embedding_share(mdl)
+    room = (usable - reserve) / grow
+    m = np.asarray(micro_batches)
+    total = np.zeros(np.shape(m), dtype=np.int64)
+    ok = np.ones(np.shape(m), dtype=bool)
+    for s in range(pp):
+        share = (first if s == 0 else 0.0) + (1 - first if s == pp - 1 else 0.0)
+        fixed = other * share + parts["working"] + parts["gathered"] + (parts["logits"] if s == pp - 1 else 0.0)
+        per_layer = pp * delta + parts["activation"] * np.minimum(m, pp - s)
+        cap = np.floor((room - fixed) / per_layer * (1 + slack) + slack)
+        ok &= cap >= 1
+        total += np.clip(cap, 0, L).astype(np.int64)
+    return ok & (total >= L)

@@ -11,12 +11,15 @@ head_seconds the LM head and loss of one micro-batch (cost/compute.py): a layout
 its LM head's share of the pipeline from any split. The floor needs the layout's even step
 time, which the branch and bound's trees give for every point of a degree tuple at once in
 NumPy (search/spacebounds.py, the points of ``SpaceBounds.place``), and m, b, tp and cp, which
-the point fixes.
+the point fixes. The even step is the cost model's for the point's own memory plan
+(recompute, ZeRO stage, micro-batch size: decisions of the point, never chosen by memory),
+so the floor holds whether or not the point's even split fits the HBM.
 
 Method. The incumbent is the chosen layout on its best split. Every degree tuple with a pipeline
 whose even floor, less the largest head share over its micro-batch sizes, is below the
-incumbent is refined and scored at every point; each point that fits, runs one stage a rank
-and whose floor above is below the incumbent is a candidate. Candidates are taken floor
+incumbent is refined and scored at every point; each point that may fit on some split (the
+memory rule below), runs one stage a rank and whose floor above is below the incumbent is a
+candidate. Candidates are taken floor
 first; each one's per-stage costs (cost/stages.py) give its exact least split
 (search/stagebottleneck.py), and one that beats the incumbent is solved by CP-SAT
 (search/stagesplit.py), which proves its split and becomes the incumbent. The search ends when
@@ -30,10 +33,22 @@ layers are not all alike) is there as it is, with even stages; a layout that can
 split of its layers whose every stage fits the HBM by the per-stage memory of cost/stages.py
 (the even split among them), as ``split_layout`` (search/stagesplit.py) splits the chosen one.
 
-Scope. The candidates are the branch and bound's points, whose memory rule is the even split's:
-a layout whose even split does not fit the HBM is not among them, although an uneven split
-(a lighter first stage, which holds the most micro-batches in flight) could fit. The proof
-covers every layout whose even split fits; ``JointResult.scope`` says so.
+The memory rule. A layout whose even split does not fit the HBM may still fit on an uneven
+split (a stage lighter where it holds more micro-batches in flight, or the logits). For a
+layout that can be split, degree tuples, plans and points are dropped only by a floor on the
+fullest stage over EVERY split (cost/stages.py ``split_memory_terms``: the stages' bytes add up
+to p times the layout's state, buffers and working set plus at least L layers' activations of
+one micro-batch and the logits, and the fullest stage holds at least the mean), which never
+drops a layout with a fitting split. Each point the floor keeps and the even rule drops is then
+screened in NumPy by the per-stage memory itself (cost/stages.py ``fits_some_split``: every
+stage holds a layer and the stages' layer capacities add up to L, the test of
+search/stagebottleneck.py with no bound on the step, rounded in the point's favour), and
+``least_bottleneck`` decides exactly whether a split fits and its least step. A layout that
+cannot be split keeps the even rule (it runs as it is).
+
+Scope: every layout of the space on every split of its layers (``JointResult.scope``). The
+joint search starts from the branch and bound's answer with even stages: when no layout's
+even split fits, ``solve`` reports the space infeasible before the joint search runs.
 
 Determinism: counts bound the work (points scored, layouts split, CP-SAT's deterministic
 time per solve), never the clock; a budget that ends the search leaves the gap against the
@@ -51,15 +66,15 @@ from trnopt.optimizer import defaults
 from trnopt.optimizer.cost.compute import head_seconds
 from trnopt.optimizer.cost.evaluate import Evaluation
 from trnopt.optimizer.cost.pipeline import bubble_den, bubble_num
-from trnopt.optimizer.cost.stages import split_problem, stage_costs
+from trnopt.optimizer.cost.stages import fits_some_split, split_problem, stage_costs
 from trnopt.optimizer.model.schedules import default_schedule
 from trnopt.optimizer.search.spacebounds import SLACK, SpaceBounds
 from trnopt.optimizer.search.space import Space
 from trnopt.optimizer.search.stagebottleneck import least_bottleneck
 from trnopt.optimizer.search.stagesplit import SplitData, best_split
 
-SCOPE = ("every layout of the space whose even split fits the usable HBM (the search's memory rule), "
-         "on every split of its layers")
+SCOPE = ("every layout of the space on every split of its layers (a layout whose even split does not fit "
+         "the usable HBM included)")
 
 
 @dataclass
@@ -126,11 +141,13 @@ def joint_optimum(problem, incumbent: Evaluation | None, even_optimum: float, bu
     limit = result.step * (1 + SLACK)
     # layouts that cannot be split count at their even step: none is below the even optimum
     even_too = limit > even_optimum * (1 + SLACK)
+    reserve = problem.target.runtime_reserve_bytes
     found = []  # (floor, order, bounds, degrees, the point's value lists, the point)
     unsettled = math.inf  # the least floor of a degree tuple the points budget left unscored
     for lnc in sorted(problem.lnc_values):
         bounds = (bounds_by_lnc or {}).get(lnc) or SpaceBounds(Space(problem, lnc))
-        for branch in bounds.branches():
+        # the memory rule: a layout that can be split is dropped only when no split fits (``split_memories``)
+        for branch in bounds.branches(split=splittable):
             d = branch.degrees
             if d["pp"] == 1 and not even_too:
                 continue
@@ -148,20 +165,30 @@ def joint_optimum(problem, incumbent: Evaluation | None, even_optimum: float, bu
             bounds.deepen(branch)
             if branch.floor - most >= limit:
                 continue
-            bounds.refine(branch, limit + most)
+            bounds.refine(branch, limit + most, split=splittable)
             if not branch.plans or branch.floor - most >= limit:
                 continue  # no plan fits or could beat the incumbent
-            scored = bounds.points(branch, budget.points - result.points)
+            scored = bounds.points(branch, budget.points - result.points, split=splittable)
             if scored is None:  # more points than the budget has left
                 unsettled, result.stopped = min(unsettled, branch.floor - most), "work"
                 continue
             values, chunks = scored
+            counts = np.array([batch // (dp * b) for b in values[2]])  # micro-batches of each size
             interleaved = np.array(values[3]) > 1
-            for grid, step, _, memory, rules in chunks:
+            for grid, step, _, memory, rules, any_split in chunks:
                 result.points += grid.shape[1]
-                # interleaved stages cannot be split: their floor is their step
+                # interleaved stages cannot be split: their floor is their step, their memory the even split's
                 floor = step - np.where(interleaved[grid[3]], 0.0, gains[grid[2]])
-                keep = rules & (memory <= bounds.usable) & (floor < limit)
+                fits = memory <= bounds.usable
+                if splittable and d["pp"] > 1:  # some split may fit: the floor over every split, then the stages'
+                    maybe = rules & ~fits & ~interleaved[grid[3]] & (any_split["floor"] <= bounds.usable) & (
+                        floor < limit)
+                    if maybe.any():
+                        at = np.flatnonzero(maybe)
+                        maybe[at] = fits_some_split({k: v[at] for k, v in any_split.items()}, mdl, d["pp"],
+                                                    counts[grid[2][at]], bounds.usable, reserve)
+                    fits |= maybe
+                keep = rules & fits & (floor < limit)
                 for k in np.flatnonzero(keep):
                     found.append((float(floor[k]), len(found), bounds, d, values, tuple(int(g[k]) for g in grid)))
     found.sort(key=lambda t: t[:2])
@@ -217,7 +244,7 @@ def uneven_answer(result) -> None:
     member = info["status"] in ("NO_PIPELINE", "UNSUPPORTED") or "layers" in info
     joint = joint_optimum(problem, chosen if member else None, problem.score(fastest), bounds_by_lnc=result.bounds)
     if joint is None or joint.best is None:
-        info["joint"] = {"status": "INFEASIBLE", "note": f"no layout of {SCOPE} fits on a split of its layers "
+        info["joint"] = {"status": "INFEASIBLE", "note": "no layout of the space fits on any split of its layers "
                                                          "(the per-stage memory)", "scope": SCOPE}
         return
     even_bound = (1 - result.gap) * problem.score(fastest)

@@ -99,7 +99,8 @@ class SpaceBounds:
         self._by_degree: dict[int, list] = {}
         self._position: dict[int, dict] = {}
         self._inside = tuple(instance_prefix(axes, p.target.chips_per_instance)) if p.instance_blocks else None
-        self._floors: dict[tuple, tuple[float, float]] = {}  # degree tuple -> (cheap step, memory) floors
+        self._floors: dict[tuple, tuple[float, float]] = {}  # (degree tuple, rule) -> (cheap step, memory) floors
+        self._split_memories: dict | None = None
         self._deep: dict[tuple, float] = {}                   # degree tuple -> step floor over every term
         # the step terms that range over no TP or data-parallel placement: floored for every tuple
         # at once; the others' collectives over every row of those groups are most of a floor's
@@ -107,6 +108,28 @@ class SpaceBounds:
         steps = [name for name in TERMS if name != "tp_raw"]
         self.cheap_terms = [name for name in steps
                             if not {"span.tp", "span.dp", "span.edp"} & set(self.bounder.decisions(self.steps[name]))]
+
+    @property
+    def split_memories(self) -> dict:
+        """The memory floor over every split of a layout's layers (cost/stages.py ``split_memory_terms``),
+        built on first use: the joint search's memory rule (``split=True`` below)."""
+        return self._split_trees()[0]
+
+    @property
+    def split_parts(self) -> dict:
+        """The per-stage memory's parts at a point (cost/stages.py ``split_memory_parts``), built on first use."""
+        return self._split_trees()[1]
+
+    def _split_trees(self) -> tuple[dict, dict]:
+        if self._split_memories is None:
+            from trnopt.optimizer.cost.stages import split_memory_parts, split_memory_terms
+            p = self.problem
+            self._split_memories = (split_memory_terms(p.workload, p.target, self.space.axes, self.memories),
+                                    split_memory_parts(p.workload, p.target, self.space.axes, self.memories))
+        return self._split_memories
+
+    def _memory_rule(self, split: bool) -> dict:
+        return self.split_memories if split else self.memories
 
     @property
     def lm(self) -> LayoutModel:
@@ -203,9 +226,10 @@ class SpaceBounds:
         names = [name for name in TERMS if name != "tp_raw"] if terms is None else terms
         return sum(self.bounder.interval(self.steps[name], ranges)[0] for name in names)
 
-    def memory_floor(self, ranges: Ranges) -> float:
-        """The memory floor over ``ranges`` (``floors``)."""
-        return sum(self.bounder.interval(e, ranges)[0] for e in self.memories.values())
+    def memory_floor(self, ranges: Ranges, split: bool = False) -> float:
+        """The memory floor over ``ranges`` (``floors``); ``split``: over every split of the layers
+        (``split_memories``), not only the even one."""
+        return sum(self.bounder.interval(e, ranges)[0] for e in self._memory_rule(split).values())
 
     def deepen(self, branch: Branch) -> None:
         """Raise the branch's floor from its cheap terms' (``branches``) to every term's."""
@@ -216,10 +240,11 @@ class SpaceBounds:
         branch.floor, branch.floored = max(branch.floor, found), True
 
     # -- the branches -----------------------------------------------------------------------------
-    def branches(self, prune: bool = True) -> list[Branch]:
+    def branches(self, prune: bool = True, split: bool = False) -> list[Branch]:
         """Every degree tuple with a placement row for each family and a micro-batch size, floored
         by its cheap terms (``deepen`` floors the rest) and those whose memory floor exceeds the
-        usable HBM dropped (unless not ``prune``: then every tuple, floor 0)."""
+        usable HBM dropped (unless not ``prune``: then every tuple, floor 0); ``split``: the memory
+        floor over every split of the layers (``split_memories``)."""
         out = []
         for combo in self._degree_tuples():
             degrees = dict(zip(FAMILIES, combo))
@@ -232,12 +257,12 @@ class SpaceBounds:
             # a tuple's floors depend on the space alone: kept for the next call (the robust choice's);
             # memory first, since a tuple it drops needs no step floor (most tuples of a space that is
             # short of memory)
-            found = self._floors.get(combo)
+            found = self._floors.get((combo, split))
             if found is None:
                 ranges = self.ranges(degrees)
-                memory = math.inf if ranges.empty else self.memory_floor(ranges)
+                memory = math.inf if ranges.empty else self.memory_floor(ranges, split)
                 step = self.step_floor(ranges, self.cheap_terms) if memory <= self.usable else math.inf
-                found = self._floors[combo] = (step, memory)
+                found = self._floors[(combo, split)] = (step, memory)
             step, memory = found
             if memory <= self.usable:
                 out.append(Branch(self, degrees, step))
@@ -266,24 +291,27 @@ class SpaceBounds:
         key = "dp" if family == "edp" else family
         return self.space.degrees[key]
 
-    def refine(self, branch: Branch, cutoff: float) -> None:
-        """Bound the branch's (recompute, ZeRO) plans one by one; keep those that fit and could beat ``cutoff``."""
+    def refine(self, branch: Branch, cutoff: float, split: bool = False) -> None:
+        """Bound the branch's (recompute, ZeRO) plans one by one; keep those that fit and could beat
+        ``cutoff``; ``split``: that fit on some split of the layers (``split_memories``)."""
         base = self.ranges(branch.degrees)
         kept = {}
         for rc, zero in itertools.product(base.values["recompute"], base.values["zero"]):
             ranges = self.ranges(branch.degrees, {"recompute": rc, "zero": zero})
-            if self.memory_floor(ranges) <= self.usable:
+            if self.memory_floor(ranges, split) <= self.usable:
                 step = self.step_floor(ranges)
                 if step < cutoff * (1 + SLACK):
                     kept[(rc, zero)] = step
         branch.plans = kept
         branch.floor = min(kept.values(), default=math.inf)
 
-    def points(self, branch: Branch, most: float | None = None):
+    def points(self, branch: Branch, most: float | None = None, split: bool = False):
         """Every point of the branch's plans (placement x plan x micro-batch size x interleave x
         HSDP), scored in NumPy chunks: None past ``most`` points or MAX_PLACEMENTS placements,
         else (the decisions' value lists, a generator of chunks). A chunk is (each point's
-        position in those lists, step time lo and hi, memory, whether it keeps the rules)."""
+        position in those lists, step time lo and hi, memory, whether it keeps the rules, and
+        with ``split`` a dict of arrays: ``floor``, the memory floor over every split of its layers,
+        and the per-stage memory's parts (``split_parts``); else None)."""
         most = MAX_POINTS if most is None else most
         base = self.ranges(branch.degrees)
         plans = list(branch.plans)
@@ -294,9 +322,9 @@ class SpaceBounds:
         if len(placements) > cap:
             return None
         values = (placements, plans, sizes, interleaves, hsdps)
-        return values, self._chunks(branch, base, values, per_placement)
+        return values, self._chunks(branch, base, values, per_placement, split)
 
-    def _chunks(self, branch: Branch, base: Ranges, values: tuple, per_placement: int):
+    def _chunks(self, branch: Branch, base: Ranges, values: tuple, per_placement: int, split: bool = False):
         placements, plans, sizes, interleaves, hsdps = values
         lists = {"recompute": tuple(dict.fromkeys(rc for rc, _ in plans)),
                  "zero": tuple(dict.fromkeys(z for _, z in plans)), "micro_batch": sizes,
@@ -320,6 +348,8 @@ class SpaceBounds:
         counts, pp = np.array(base.values["micro_batches"]), branch.degrees["pp"]
         steps = [self.steps[name] for name in TERMS if name != "tp_raw"]
         memories = list(self.memories.values())
+        split_memories = list(self.split_memories.values()) if split else []
+        parts = self.split_parts if split else {}
         chunk = max(1, CHUNK_POINTS // per_placement)
         for start in range(0, len(placements), chunk):
             n = min(chunk, len(placements) - start)
@@ -327,16 +357,22 @@ class SpaceBounds:
             index = {key: rows[start:start + n][grid[0]] for key, rows in row_index.items()}
             index.update(recompute=plan_rc[grid[1]], zero=plan_zero[grid[1]], micro_batch=grid[2],
                          micro_batches=grid[2], interleave=grid[3], hsdp=grid[4])
-            values = self.points_bounder.intervals(steps + memories, lists, ranged, index, tags)
+            values = self.points_bounder.intervals(steps + memories + split_memories + list(parts.values()), lists,
+                                                   ranged, index, tags)
             step = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[:len(steps)])
             high = step if all(lo is hi for lo, hi in values[:len(steps)]) else \
                 sum(np.broadcast_to(hi, grid[0].shape) for _, hi in values[:len(steps)])
-            memory = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[len(steps):])
+            at = len(steps) + len(memories)
+            memory = sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[len(steps):at])
+            ends = at + len(split_memories)
+            any_split = None if not split else {
+                "floor": sum(np.broadcast_to(lo, grid[0].shape) for lo, _ in values[at:ends]),
+                **{k: np.broadcast_to(lo, grid[0].shape) for k, (lo, _) in zip(parts, values[ends:])}}
             # interleaved 1F1B runs the micro-batches in groups of pp
             rules = (np.array(interleaves)[grid[3]] == 1) | (counts[grid[2]] % pp == 0)
             rules &= ~np.array(hsdps)[grid[4]] | (sharded[grid[1]] & replicable[start + grid[0]])
             grid[0] += start
-            yield grid, step, high, memory, rules
+            yield grid, step, high, memory, rules, any_split
 
     def place(self, branch: Branch, cutoff: float, most: float | None = None) -> int:
         """Score the branch at every point (``points``): ``branch.best`` becomes its best layout
@@ -352,7 +388,7 @@ class SpaceBounds:
         best_plan = np.full(len(plans), np.inf)         # per plan, its least point
         by_placement = np.full(len(placements), np.inf)  # per placement, its least point
         least, at, exact, counted = math.inf, None, True, 0
-        for grid, step, high, memory, rules in chunks:
+        for grid, step, high, memory, rules, _ in chunks:
             counted += int(rules.sum())
             ok = rules & (memory <= self.usable)
             exact = exact and bool(np.all((high - step)[ok] <= EXACT * high[ok]))
@@ -386,7 +422,7 @@ class SpaceBounds:
         lean = np.array([sum(j * sum(prime_exponents(f).values()) for j, f in enumerate(p["span.tp"]))
                          for p in placements])
         found = None
-        for grid, step, high, memory, rules in chunks:
+        for grid, step, high, memory, rules, _ in chunks:
             ok = rules & (memory <= self.usable) & (step <= cap)
             if not np.all((high - step)[ok] <= EXACT * high[ok]):
                 return False

@@ -84,3 +84,56 @@ def test_interleaved_layouts_and_mixed_models_are_refused():
     assert "at least one" in stages.split_problem(w, layout, (0, 10, 10, 12))
     assert "add up to 33" in stages.split_problem(w, layout, (8, 8, 8, 9))
     assert stages.split_problem(w, layout, (7, 9, 8, 8)) is None
+
+
+@pytest.mark.parametrize("model,tp,pp,recompute,schedule", CASES)
+def test_the_floor_over_every_split_is_the_stages_mean_less_the_extra_micro_batches(model, tp, pp, recompute, schedule):
+    """split_memory_terms' proof, on the per-stage memory: on any split the stages' raw bytes add up to p times
+    the floor's raw bytes plus A x_s (i_s - 1) each (the micro-batches in flight past one), so the fullest stage
+    is at least the floor; and the floor is at most the layout's even memory."""
+    import random
+    from trnopt.optimizer.cost import factors as f
+    from trnopt.optimizer.cost.memory import FRAGMENTATION_DIVISOR
+    problem, layout = piped(model, tp, pp, recompute, schedule=schedule)
+    w, L = problem.workload, problem.workload.model.layers
+    costs = stages.stage_costs(w, layout, problem.target, problem.headroom, problem.overlap)
+    point = f.decisions(layout, w)
+    floor = sum(t.value(point) for t in stages.split_memory_terms(w, problem.target, layout.axes).values())
+    assert floor <= memory_per_chip(w, layout, problem.target).total * (1 + 1e-12)
+    grow, m = 1 + 1 / FRAGMENTATION_DIVISOR, layout.micro_batches(w)
+    held = [stages.in_flight(layout.pipeline_schedule, m, pp, s) for s in range(pp)]
+    one = costs.act_layer[-1] / held[-1]  # A: a layer's activations of one micro-batch
+    rng = random.Random(0)
+    for split in [costs.even_split(), (L - pp + 1,) + (1,) * (pp - 1), (1,) * (pp - 1) + (L - pp + 1,)] + [
+            tuple(b - a for a, b in zip((0, *cuts), (*cuts, L))) for cuts in
+            (sorted(rng.sample(range(1, L), pp - 1)) for _ in range(5))]:
+        raw = [(x - costs.reserve) / grow for x in costs.stage_bytes(split)]
+        extra = one * sum(x * (i - 1) for x, i in zip(split, held))
+        assert sum(raw) - extra == pytest.approx(pp * (floor - costs.reserve) / grow, rel=1e-9)
+        assert max(costs.stage_bytes(split)) >= floor * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("model,tp,pp,recompute,schedule", [c for c in CASES if c[4] != "GPipe"])
+def test_the_numpy_screen_says_a_split_fits_exactly_when_one_does(model, tp, pp, recompute, schedule):
+    """fits_some_split, on split_memory_parts' values at the layout, against the exact split test on
+    stage_costs' per-stage memory, at usable HBM sizes around the least that fits some split."""
+    import numpy as np
+    from trnopt.optimizer.cost import factors as f
+    from trnopt.optimizer.cost.memory import memory_terms
+    from trnopt.optimizer.search.stagebottleneck import least_bottleneck
+    from trnopt.optimizer.search.stagesplit import SplitData
+    problem, layout = piped(model, tp, pp, recompute, schedule=schedule)
+    w, t = problem.workload, problem.target
+    costs = stages.stage_costs(w, layout, t, problem.headroom, problem.overlap)
+    point = f.decisions(layout, w)
+    trees = stages.split_memory_parts(w, t, layout.axes, memory_terms(w, t, layout.axes))
+    parts = {k: np.array([tree.value(point)]) for k, tree in trees.items()}
+    even = max(costs.stage_bytes(costs.even_split()))
+    said = set()
+    for scale in np.linspace(0.5, 1.2, 71):
+        usable = even * scale
+        fits = least_bottleneck(SplitData.of(replace(costs, usable=usable))) is not None
+        screen = stages.fits_some_split(parts, w.model, pp, [layout.micro_batches(w)], usable, costs.reserve)
+        assert bool(screen[0]) == fits, scale
+        said.add(fits)
+    assert said == {True, False}

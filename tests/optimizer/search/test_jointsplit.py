@@ -27,7 +27,7 @@ REFEREED = 1200  # layouts brute force scores at most in one example (each split
 
 def referee(problem):
     """(the least step of the joint space over every layout whose even split fits the HBM, the same over
-    those whose even split does not): brute force, no bound used. A layout that cannot be split counts
+    those whose even split does not, None where none fits): brute force, no bound used. A layout that cannot be split counts
     as it is; one that can, on its best split by the per-stage memory (stageenum: every split)."""
     inside = outside = None
     for lnc in problem.lnc_values:
@@ -67,39 +67,57 @@ def piped_problems(draw):
 def test_the_joint_optimum_equals_brute_force(problem):
     try:
         result = solve(problem, time_limit=600, workers=1, top=0, uncertainty=0.0)
-    except Exception as exc:  # nothing fits: brute force agrees
+    except Exception as exc:  # nothing fits with even stages (the joint search starts from the even answer)
         assert type(exc).__name__ == "InfeasibleError"
         assert referee(problem)[0] is None
         return
     assert result.status == "OPTIMAL"
     uneven_answer(result)
     joint = result.uneven_stages["joint"]
-    inside, _ = referee(problem)
-    if inside is None:
+    found = [x for x in referee(problem) if x is not None]  # every layout, every split
+    if not found:  # the search's layout fits with even stages, but no layout on any split of the per-stage memory
         assert joint["status"] == "INFEASIBLE"
         return
+    best = min(found)
     assert joint["status"] == "OPTIMAL" and joint["gap"] == 0.0 and joint["answer"]
-    assert result.best.fits and result.best.step.total == pytest.approx(inside, rel=1e-9)
+    assert result.best.fits and result.best.step.total == pytest.approx(best, rel=1e-9)
     assert joint["step_s"] == result.best.step.total
 
 
 @pytest.mark.parametrize("chips,batch,hbm", [(4, 8, 1), (6, 12, 1), (6, 12, 0.5)])
 def test_a_layout_the_even_search_ranks_lower_wins_on_its_split(chips, batch, hbm):
     """A 9- or 6-layer model with a 32k vocabulary on a few chips of 1 GiB or less and slow links: the
-    search's fastest layout with even stages (TP1 x PP2 x DP2; TP1 x PP1 x DP6; TP2 x PP3, which fits no
-    split of its stages by the per-stage memory) is not the best once every layout may split its layers
-    (TP1 x PP4 and TP1 x PP3 x DP2, their LM head stage lighter; an interleaved layout, which cannot be
-    split), and the joint search finds brute force's optimum."""
+    search's fastest layout with even stages (TP1 x PP2 x DP2 under full recompute; TP1 x PP1 x DP6;
+    TP2 x PP3, which fits no split of its stages by the per-stage memory) is not the best once every
+    layout may split its layers (TP1 x PP2 x DP2 with no recompute, whose even split does not fit but
+    6,3 does; TP1 x PP3 x DP2, its LM head stage lighter; an interleaved layout, which cannot be split),
+    and the joint search finds brute force's optimum."""
     problem = _case(chips, batch, hbm, layers=9 if hbm == 1 else 6)
     result = solve(problem, time_limit=600, workers=1, top=0, uncertainty=0.0)
     even_best = result.best
     uneven_answer(result)
-    inside, _ = referee(problem)
+    inside, outside = referee(problem)
     joint = result.uneven_stages["joint"]
     assert joint["status"] == "OPTIMAL" and joint["answer"]
-    assert result.best.step.total == pytest.approx(inside, rel=1e-9)
+    assert result.best.step.total == pytest.approx(min(inside, outside or inside), rel=1e-9)
     assert joint["replaced"].startswith(even_best.layout.describe()[:-1])
-    assert result.best.layout.pp != even_best.layout.pp or result.best.layout.interleave > 1
+    assert replace(result.best.layout, stage_layers=()) != even_best.layout
+
+
+def test_a_layout_whose_even_split_does_not_fit_wins_on_an_uneven_split():
+    """0.6 GiB chips: brute force's joint optimum is TP2 x PP2, whose even split 4,5 does not fit (its
+    last stage holds the FP32 logits and the output layer) but 6,3 does; every layout whose even split
+    fits is slower. The joint search admits it by the floor over every split (cost/stages.py
+    ``split_memory_terms``) and finds it."""
+    problem = _case(4, 8, 0.6, 9)
+    result = solve(problem, time_limit=600, workers=1, top=0, uncertainty=0.0)
+    uneven_answer(result)
+    inside, outside = referee(problem)
+    assert inside is not None and outside is not None and outside < inside * (1 - 1e-6)
+    joint = result.uneven_stages["joint"]
+    assert joint["status"] == "OPTIMAL" and joint["gap"] == 0.0 and joint["answer"]
+    assert result.best.fits and result.best.step.total == pytest.approx(outside, rel=1e-9)
+    assert not problem.evaluate(replace(result.best.layout, stage_layers=())).fits  # its even split does not
 
 
 def _case(chips: int = 4, batch: int = 8, hbm: float = 1, layers: int = 9):
@@ -165,3 +183,45 @@ def test_a_spent_budget_reports_the_gap():
     assert not spent.proven and spent.stopped == "work" and 0 < spent.gap < 1 and spent.bound < spent.step
     full = joint_optimum(problem, chosen, problem.score(result.best))
     assert full.proven and full.step < chosen.step.total and full.step >= spent.bound
+
+
+def test_the_memory_screens_over_every_split_in_numpy_agree_with_the_cost_model():
+    """SpaceBounds with ``split``, on every point of a small space: the floor over every split (cost/stages.py
+    ``split_memory_terms``, scored in NumPy) is the tree's value at that point's layout and never above its
+    even memory; ``fits_some_split`` on the per-stage parts says yes exactly where the exact split test on
+    the cost model's per-stage memory (``least_bottleneck``) finds a split that fits; the degree tuples the
+    even rule keeps, the split rule keeps too, and some points only the split rule keeps."""
+    import numpy as np
+    from trnopt.optimizer.cost import factors as f
+    from trnopt.optimizer.search.spacebounds import SpaceBounds
+    problem = _case(4, 8, 0.6, 9)
+    bounds = SpaceBounds(Space(problem, 1))
+    terms = stages.split_memory_terms(problem.workload, problem.target, bounds.space.axes)
+    even = {tuple(b.degrees.values()) for b in bounds.branches()}
+    relaxed = bounds.branches(split=True)
+    assert even <= {tuple(b.degrees.values()) for b in relaxed}
+    said, only_split = set(), 0
+    for branch in relaxed:
+        bounds.refine(branch, float("inf"), split=True)
+        if not branch.plans:
+            continue
+        (placements, plans, sizes, inters, hsdps), chunks = bounds.points(branch, split=True)
+        pp, dp = branch.degrees["pp"], branch.degrees["ep"] * branch.degrees["edp"]
+        for grid, _, _, memory, rules, parts in chunks:
+            assert np.all(parts["floor"] <= memory * (1 + 1e-12))
+            counts = np.array([problem.workload.training.global_batch // (dp * b) for b in sizes])[grid[2]]
+            screen = stages.fits_some_split(parts, problem.workload.model, pp, counts, bounds.usable,
+                                            problem.target.runtime_reserve_bytes)
+            only_split += int(np.sum(rules & (parts["floor"] <= bounds.usable) & (memory > bounds.usable)))
+            for k in np.flatnonzero(rules):
+                i, plan, size, inter, on = (int(g[k]) for g in grid)
+                layout = bounds.layout(branch.degrees, placements[i], plans[plan], sizes[size], inters[inter], hsdps[on])
+                point = f.decisions(layout, problem.workload)
+                assert parts["floor"][k] == pytest.approx(sum(t.value(point) for t in terms.values()), rel=1e-9)
+                if pp > 1 and layout.interleave == 1:
+                    costs = stages.stage_costs(problem.workload, layout, problem.target, problem.headroom,
+                                               problem.overlap)
+                    fits = least_bottleneck(SplitData.of(costs)) is not None
+                    assert bool(screen[k]) == fits
+                    said.add(fits)
+    assert said == {True, False} and only_split > 0
