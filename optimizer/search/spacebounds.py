@@ -10,6 +10,10 @@ trees are the cost model's own, cost/steptime.py ``step_terms``, cost/memory.py
 ``memory_terms``), so the branch's best point is its best layout, re-scored by the float
 cost model before it is used. A branch with more points than MAX_POINTS is left to CP-SAT
 (search/branch.py), which is where the model is built (``lm``).
+
+Over 450 lines: the memory rule of every method here is either the even split's or, for the
+joint layout-and-split search (search/jointsplit.py), the floor over every split; both rules
+read the same branch caches and trees, so they stay in one class.
 """
 
 from __future__ import annotations
